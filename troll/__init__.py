@@ -1,0 +1,1 @@
+"""troll: TROLL (trust-region RL for LLMs) in a few small files. See README.md."""
