@@ -1,0 +1,245 @@
+"""GSM8K task: loading, prompts, answer extraction and the 0/1 reward (troll/gsm8k.py)."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import datasets
+import pytest
+from tokenizers import Tokenizer, models
+from transformers import PreTrainedTokenizerFast
+
+from troll.gsm8k import extract_answer, format_reward, load_gsm8k, make_prompt, reward
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
+
+
+def _raw_rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def _tiny_tokenizer(chat_template: str | None) -> PreTrainedTokenizerFast:
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel({"<unk>": 0}, unk_token="<unk>")), unk_token="<unk>"
+    )
+    tok.chat_template = chat_template
+    return tok
+
+
+# -------------------------------------------------------------------------------------- reward on data
+
+
+def test_reward_scores_every_gold_solution_and_rejects_changed_answers(gsm8k_dir: Path) -> None:
+    rows = _raw_rows(gsm8k_dir / "test.jsonl")
+    assert len(rows) == 1319
+    wrong_accepted, right_rejected = [], []
+    for i, row in enumerate(rows):
+        body, final = row["answer"].rsplit("####", 1)
+        gold = final.strip().replace(",", "")
+        if reward(row["answer"], gold) != 1.0 or reward(row["answer"], final.strip()) != 1.0:
+            right_rejected.append(i)
+        changed = f"{body}#### {int(gold) + 1}"
+        if reward(changed, gold) != 0.0:
+            wrong_accepted.append(i)
+    assert right_rejected == [] and wrong_accepted == []
+
+
+# ---------------------------------------------------------------------------------- extraction table
+
+# (completion, gold, extracted answer, reward)
+CASES = [
+    ("#### 42", "42", "42", 1.0),
+    ("so she has 6 + 36 = 42 apples.\n#### 42", "42", "42", 1.0),
+    ("\\boxed{42}", "42", "42", 1.0),
+    ("The answer is $1,000.", "1000", "1000", 1.0),
+    ("The answer is $1,000.", "1,000", "1000", 1.0),
+    ("The answer is 42.0", "42", "42.0", 1.0),
+    ("#### 42.50", "42.5", "42.50", 1.0),
+    ("It costs $42.", "42", "42", 1.0),
+    ("The change is -3", "-3", "-3", 1.0),
+    ("The change is -3", "3", "-3", 0.0),
+    ("#### \u22123", "-3", "-3", 1.0),
+    ("10-3", "3", "3", 1.0),
+    ("\\boxed{\\frac{1}{2}}", "0.5", "\\frac{1}{2}", 1.0),
+    ("\\boxed{\\frac{84}{2}}", "42", "\\frac{84}{2}", 1.0),
+    ("\\boxed{42 \\text{ dollars}}", "42", "42 \\text{ dollars}", 1.0),
+    ("\\boxed{\\$42}", "42", "42", 1.0),
+    ("\\boxed{1{,}000}", "1000", "1{,}000", 1.0),
+    ("\\boxed{x = 42}", "42", "x = 42", 1.0),
+    ("#### 25%", "25", "25", 1.0),
+    ("#### 18 dollars per day.", "18", "18", 1.0),
+    ("142", "42", "142", 0.0),
+    ("#### 142", "42", "142", 0.0),
+    ("\\boxed{1420}", "42", "1420", 0.0),
+    ("First 12, then 30, finally 42", "42", "42", 1.0),
+    ("First 42, then 30, finally 12", "42", "12", 0.0),
+    ("#### 42\nQuestion: another one\n#### 7", "42", "7", 0.0),  # the last "####" wins
+    ("\\boxed{7} ... so the final answer is \\boxed{42}", "42", "42", 1.0),
+    ("#### 42 and later \\boxed{7} and 9", "42", "42", 1.0),  # "####" before \boxed before numbers
+    ("\\boxed{42} then 7", "42", "42", 1.0),
+    ("####\n\n42", "42", "42", 1.0),
+    ("#### $", "42", None, 0.0),
+    ("\\boxed{42", "42", "42", 1.0),  # unclosed box: falls through to the last number
+    ("no number here", "42", None, 0.0),
+    ("", "42", None, 0.0),
+    ("\\boxed{9^{9^{9^{9}}}}", "42", "9^{9^{9^{9}}}", 0.0),  # never reaches sympy
+]
+
+
+@pytest.mark.parametrize(("completion", "gold", "extracted", "expected"), CASES)
+def test_extraction_table(completion: str, gold: str, extracted: str | None, expected: float) -> None:
+    assert extract_answer(completion) == extracted
+    assert reward(completion, gold) == expected
+
+
+@pytest.mark.parametrize(
+    ("completion", "expected"),
+    [("... 42\n#### 42", 1.0), ("#### $1,000.", 1.0), ("\\boxed{42}", 0.0), ("42", 0.0), ("#### x", 0.0)],
+)
+def test_format_reward_is_separate_from_correctness(completion: str, expected: float) -> None:
+    assert format_reward(completion) == expected
+    assert reward("#### 41", "42") == 0.0 and format_reward("#### 41") == 1.0
+
+
+# -------------------------------------------------------------------------------------- robustness
+
+
+def test_reward_never_raises_on_random_text() -> None:
+    rng = random.Random(0)
+    alphabet = list("0123456789 -,.$%{}^!=/\\\nxab") + ["####", "\\boxed{", "\\frac{", "\\text{", "}"]
+    for _ in range(500):
+        text = "".join(rng.choices(alphabet, k=rng.randint(0, 60)))
+        assert reward(text, "42") in (0.0, 1.0)
+        assert format_reward(text) in (0.0, 1.0)
+
+
+@pytest.mark.parametrize(
+    "completion",
+    ["9" * 1_000_000, "\\boxed{" * 100_000, "1 a " * 250_000, "#### " + "x" * 1_000_000, "{" * 500_000 + "}"],
+)
+def test_reward_is_fast_on_huge_completions(completion: str) -> None:
+    start = time.perf_counter()
+    assert reward(completion, "42") == 0.0
+    assert time.perf_counter() - start < 2.0
+
+
+def test_reward_works_outside_the_main_thread() -> None:
+    """math_verify's SIGALRM timeout cannot run off the main thread; reward must still work there."""
+    completions = ["\\boxed{\\frac{84}{2}}", "\\boxed{x = 42}", "\\boxed{9^{9^{9^{9}}}}", "#### 42", "7"]
+    with ThreadPoolExecutor(2) as pool:
+        assert list(pool.map(reward, completions, ["42"] * 5)) == [1.0, 1.0, 0.0, 1.0, 0.0]
+    assert threading.current_thread() is threading.main_thread()
+    assert reward("\\boxed{\\frac{84}{2}}", "42") == 1.0  # and in the main thread, with a timeout
+
+
+# -------------------------------------------------------------------------------------------- loading
+
+
+def test_load_local_splits(gsm8k_dir: Path) -> None:
+    for split, count in [("train", 7473), ("test", 1319)]:
+        rows = load_gsm8k(split, source=str(gsm8k_dir))
+        assert len(rows) == count
+        assert all(set(row) == {"question", "answer", "gold"} for row in rows)
+        assert all(re.fullmatch(r"-?\d+", row["gold"]) for row in rows)
+    first = load_gsm8k("test", source=str(gsm8k_dir), limit=1)[0]
+    assert first["question"].startswith("Janet\u2019s ducks lay 16 eggs") and first["gold"] == "18"
+
+
+def test_load_limit_and_arguments(gsm8k_dir: Path) -> None:
+    assert [r["gold"] for r in load_gsm8k("test", str(gsm8k_dir), limit=3)] == ["18", "3", "70000"]
+    assert load_gsm8k("test", str(gsm8k_dir), limit=0) == []
+    assert len(load_gsm8k("test", str(gsm8k_dir), limit=10**6)) == 1319
+    with pytest.raises(ValueError, match="limit"):
+        load_gsm8k("test", str(gsm8k_dir), limit=-1)
+    with pytest.raises(ValueError, match="split"):
+        load_gsm8k("validation", str(gsm8k_dir))
+
+
+def test_load_single_file_and_gold_commas(tmp_path: Path) -> None:
+    rows = [{"question": "How many?", "answer": "Lots.\n#### 1,000", "id": 7}]
+    data_file = _write_jsonl(tmp_path / "mine.jsonl", rows)
+    assert load_gsm8k("test", str(data_file)) == [
+        {"question": "How many?", "answer": "Lots.\n#### 1,000", "gold": "1000"}
+    ]
+    with pytest.raises(FileNotFoundError, match="train.jsonl"):
+        load_gsm8k("train", str(tmp_path))
+
+
+def test_load_from_hub_name_calls_load_dataset(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A source that is not an existing path is a hub name (no download here: load_dataset is faked)."""
+    calls = []
+
+    def fake_load_dataset(*args: object, **kwargs: object) -> datasets.Dataset:
+        calls.append((args, kwargs))
+        return datasets.Dataset.from_list([GOOD, GOOD])
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    assert [row["gold"] for row in load_gsm8k("train", limit=1)] == ["42"]
+    assert calls == [(("openai/gsm8k", "main"), {"split": "train"})]
+
+
+GOOD = {"question": "What is 6 * 7?", "answer": "6 * 7 = 42\n#### 42"}
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ({"question": "What is 6 * 7?"}, r"row 1 .*'answer'"),
+        ({"answer": "#### 42"}, r"row 1 .*'question'"),
+        ({"question": "", "answer": "#### 42"}, r"row 1 .*'question'"),
+        ({"question": "What is 6 * 7?", "answer": "42"}, r"row 1 .*no '####'"),
+        ({"question": "What is 6 * 7?", "answer": "so 42\n####  "}, r"row 1 .*nothing after '####'"),
+    ],
+)
+def test_load_malformed_rows_name_the_row(tmp_path: Path, bad: dict, message: str) -> None:
+    _write_jsonl(tmp_path / "test.jsonl", [GOOD, bad, GOOD])
+    with pytest.raises(ValueError, match=message):
+        load_gsm8k("test", str(tmp_path))
+    assert len(load_gsm8k("test", str(tmp_path), limit=1)) == 1  # rows past the limit are not read
+
+
+# -------------------------------------------------------------------------------------------- prompts
+
+
+def test_plain_prompt() -> None:
+    prompt = make_prompt("Janet has 3 apples. How many?")
+    assert prompt == (
+        "Question: Janet has 3 apples. How many?\n"
+        'Output the final answer after "####".\n'
+        "Answer: Let's think step by step."
+    )
+
+
+def test_chat_prompt_uses_the_tokenizer_template() -> None:
+    tok = _tiny_tokenizer(CHATML)
+    prompt = make_prompt("Janet has 3 apples. How many?", tok, chat=True)
+    assert prompt == (
+        "<|im_start|>user\nJanet has 3 apples. How many? "
+        'Let\'s think step by step and output the final answer after "####".<|im_end|>\n'
+        "<|im_start|>assistant\n"
+    )
+    no_think = make_prompt("Q?", tok, chat=True, enable_thinking=False)
+    assert no_think.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert make_prompt("Q?", tok) == make_prompt("Q?")  # chat=False ignores the tokenizer
+
+
+def test_chat_prompt_without_template_raises() -> None:
+    with pytest.raises(ValueError, match="chat template"):
+        make_prompt("Q?", _tiny_tokenizer(None), chat=True)
+    with pytest.raises(ValueError, match="chat template"):
+        make_prompt("Q?", None, chat=True)

@@ -1,0 +1,355 @@
+"""Behaviour-locking tests for troll/losses.py and troll/advantages.py.
+
+Expected numbers are written from the formulas in ALGORITHM.md (by hand, or with scipy/math for the
+projection of a two-token distribution), never read back from the code under test."""
+
+import math
+
+import pytest
+import torch
+from scipy.optimize import brentq
+
+from troll.advantages import advantages, dr_grpo, grpo, reinforce_pp
+from troll.losses import LOSSES, aggregate, cispo, dppo, ppo_clip, troll
+from troll.project import project_sparse
+from troll.sparse import kl, sparsify, union
+
+
+def binary(p_y: float, q_y: float, adv: float, y: int = 0):
+    """One token over V = 2: logits (float64 leaf) with p(y) = p_y, old q(y) = q_y."""
+    p = torch.tensor([p_y, 1 - p_y], dtype=torch.float64) if y == 0 else torch.tensor([1 - p_y, p_y]).double()
+    q = torch.tensor([q_y, 1 - q_y], dtype=torch.float64) if y == 0 else torch.tensor([1 - q_y, q_y]).double()
+    logits = p.log().view(1, 1, 2).clone().requires_grad_(True)
+    tokens = torch.tensor([[y]])
+    old = sparsify(q.log().view(1, 2), tokens.view(-1), k=2, delta=0.0)
+    return logits, tokens, torch.ones(1, 1, dtype=torch.bool), torch.tensor([adv], dtype=torch.float64), old
+
+
+def grad_of(loss_fn, *args, **kw):
+    logits = args[0]
+    loss, metrics = loss_fn(*args, **kw)
+    (g,) = torch.autograd.grad(loss, logits)
+    return float(loss.detach()), g.view(-1), metrics
+
+
+# --- PPO-clip -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "p_y,adv,expected_loss,clipped",
+    [
+        (0.60, 1.0, -1.2, False),  # r = 1.2: at the edge, unclipped branch
+        (0.65, 1.0, -1.2, True),  # r = 1.3 > 1.2 with A > 0: flat, zero gradient
+        (0.35, -1.0, 0.8, True),  # r = 0.7 < 0.8 with A < 0: flat, zero gradient
+        (0.65, -1.0, 1.3, False),  # r = 1.3 with A < 0: pessimistic branch keeps the gradient
+        (0.35, 1.0, -0.7, False),  # r = 0.7 with A > 0: keeps the gradient
+    ],
+)
+def test_ppo_clip_values_and_zero_gradient_region(p_y, adv, expected_loss, clipped):
+    loss, g, m = grad_of(ppo_clip, *binary(p_y, 0.5, adv))
+    assert loss == pytest.approx(expected_loss, abs=1e-9)
+    r = p_y / 0.5
+    expected_g = (
+        torch.zeros(2, dtype=torch.float64)
+        if clipped
+        else -adv * r * torch.tensor([1 - p_y, -(1 - p_y)], dtype=torch.float64)
+    )
+    torch.testing.assert_close(g, expected_g.double(), atol=1e-9, rtol=0)
+    assert m["frac_active"] == (1.0 if clipped else 0.0)
+
+
+def test_clip_higher():
+    loss, g, _ = grad_of(ppo_clip, *binary(0.62, 0.5, 1.0), eps_high=0.28)  # r = 1.24 < 1.28: not clipped
+    assert loss == pytest.approx(-1.24) and g.abs().sum() > 0
+
+
+# --- CISPO ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("p_y,cap", [(0.6, 1.2), (0.8, 1.28)])
+def test_cispo_value_and_gradient(p_y, cap):
+    """L = -A * sg(min(r, 1.28)) * log p(y); dL/dz = -A * min(r, 1.28) * (onehot(y) - p)."""
+    loss, g, _ = grad_of(cispo, *binary(p_y, 0.5, 2.0))
+    assert loss == pytest.approx(-2.0 * cap * math.log(p_y), abs=1e-9)
+    torch.testing.assert_close(g, -2.0 * cap * torch.tensor([1 - p_y, -(1 - p_y)], dtype=torch.float64))
+
+
+# --- DPPO -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "p_y,adv,masked",
+    [
+        (0.80, 1.0, True),  # A > 0, D = 0.3 > 0.15, p > q: moving further out -> blocked
+        (0.80, -1.0, False),  # A < 0 pulls p(y) back towards q: allowed
+        (0.20, -1.0, True),  # A < 0, D = 0.3, p < q: further out -> blocked
+        (0.20, 1.0, False),  # A > 0 pulls back: allowed
+        (0.55, 1.0, False),  # D = 0.05 below threshold: allowed either way
+        (0.45, -1.0, False),
+    ],
+)
+def test_dppo_mask_truth_table(p_y, adv, masked):
+    loss, g, m = grad_of(dppo, *binary(p_y, 0.5, adv), divergence="binary_tv")
+    r = min(p_y / 0.5, 2.0)
+    if masked:
+        assert loss == 0.0 and g.abs().max() == 0.0 and m["frac_active"] == 1.0
+    else:
+        assert loss == pytest.approx(-adv * r * math.log(p_y))
+        torch.testing.assert_close(g, -adv * r * torch.tensor([1 - p_y, -(1 - p_y)], dtype=torch.float64))
+
+
+def test_dppo_divergences():
+    """Binary-KL of Bernoulli(0.8) vs Bernoulli(0.5) = 0.8 ln 1.6 + 0.2 ln 0.4 = 0.1927 > 0.05: blocked.
+    Over V = 2 the top-K + rest divergences equal the binary ones (TV 0.3 > 0.15; KL 0.1927 > 0.05)."""
+    for div in ("binary_kl", "topk_tv", "topk_kl"):
+        loss, g, m = grad_of(dppo, *binary(0.8, 0.5, 1.0), divergence=div)
+        assert m["frac_active"] == 1.0 and g.abs().max() == 0.0, div
+        loss, g, m = grad_of(dppo, *binary(0.52, 0.5, 1.0), divergence=div)  # KL 8e-4, TV 0.02: allowed
+        assert m["frac_active"] == 0.0 and g.abs().max() > 0, div
+    with pytest.raises(ValueError, match="divergence"):
+        dppo(*binary(0.8, 0.5, 1.0), divergence="nope")
+
+
+# --- TROLL ----------------------------------------------------------------------------------------------
+
+
+def test_troll_on_a_two_token_case_matches_the_formula():
+    """p = (0.9, 0.1), q = (0.5, 0.5): KL(p||q) = 0.368 > eps. pi_t = q^(1-t) p^t / Z with KL(pi_t||q) = eps
+    (root found with brentq); L = -A pi*(y)/q(y) + alpha KL(p || pi*)."""
+    p, q, eps, adv = [0.9, 0.1], [0.5, 0.5], 0.05, 1.5
+
+    def pi(t):
+        w = [q[i] ** (1 - t) * p[i] ** t for i in range(2)]
+        return [x / sum(w) for x in w]
+
+    def kl(a, b):
+        return sum(x * math.log(x / y) for x, y in zip(a, b, strict=True))
+
+    t_star = brentq(lambda t: kl(pi(t), q) - eps, 1e-9, 1.0, xtol=1e-15)
+    star = pi(t_star)
+    expected = -adv * star[0] / q[0] + 1.0 * kl(p, star)
+    loss, m = troll(*binary(0.9, 0.5, adv), eps=eps, delta=0.0)
+    assert float(loss.detach()) == pytest.approx(expected, abs=1e-9)
+    assert m["frac_active"] == 1.0 and m["kl_after_max"] == pytest.approx(eps, abs=1e-9)
+    assert m["kl_before_max"] == pytest.approx(kl(p, q), abs=1e-12)
+    assert m["regression"] == pytest.approx(kl(p, star), abs=1e-9)
+
+
+def test_troll_inside_region_is_the_importance_weighted_policy_gradient():
+    g = torch.Generator().manual_seed(0)
+    b, t, v = 3, 4, 6
+    base = torch.randn(b, t, v, generator=g, dtype=torch.float64)
+    logits = (base + 0.01 * torch.randn(b, t, v, generator=g, dtype=torch.float64)).requires_grad_(True)
+    tokens = torch.randint(0, v, (b, t), generator=g)
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]], dtype=torch.bool)
+    adv = torch.tensor([1.0, -0.5, 2.0], dtype=torch.float64)
+    old_logp = torch.log_softmax(base, -1)
+    old = sparsify(old_logp.view(-1, v), tokens.view(-1), k=v, delta=0.0)
+    loss, m = troll(logits, tokens, mask, adv, old, delta=0.0)
+    assert m["frac_active"] == 0.0 and m["regression"] == 0.0
+    (g_troll,) = torch.autograd.grad(loss, logits)
+    # The plain importance-weighted policy gradient, written out directly:
+    logp_y = torch.log_softmax(logits, -1).gather(-1, tokens[..., None])[..., 0]
+    ratio = (logp_y - old_logp.gather(-1, tokens[..., None])[..., 0]).exp()
+    plain = (-adv[:, None] * ratio * mask).sum() / mask.sum()
+    (g_plain,) = torch.autograd.grad(plain, logits)
+    assert float(loss.detach()) == pytest.approx(float(plain.detach()), abs=1e-12)
+    torch.testing.assert_close(g_troll, g_plain, atol=1e-12, rtol=0)
+
+
+def ragged_batch(seed=0, b=3, t=4, v=7):
+    """Float64 batch with active and inactive tokens, dropped tails and ragged masks."""
+    g = torch.Generator().manual_seed(seed)
+    old_logits = torch.randn(b, t, v, generator=g, dtype=torch.float64) * 2
+    scale = torch.tensor([2.0, 0.01, 2.0, 0.01], dtype=torch.float64)[:t].view(1, t, 1)
+    logits = (old_logits + scale * torch.randn(b, t, v, generator=g, dtype=torch.float64)).requires_grad_(True)
+    tokens = torch.randint(0, v, (b, t), generator=g)
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 0, 0]], dtype=torch.bool)[:b, :t]
+    old = sparsify(old_logits.view(-1, v), tokens.view(-1), k=4, delta=1e-3)
+    return logits, tokens, mask, torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)[:b], old
+
+
+@pytest.mark.parametrize("level,agg", [("token", "token-mean"), ("sequence", "seq-mean-token-mean")])
+def test_troll_policy_term_gradcheck_end_to_end(level, agg):
+    """The policy term has no stop-gradient: its autograd gradient (through sparsify, the union, the projection
+    and the implicit dual gradient) must equal finite differences of its value."""
+    logits, tokens, mask, adv, old = ragged_batch()
+    _, m = troll(logits, tokens, mask, adv, old, k=4, delta=1e-3)
+    assert 0 < m["frac_active"] < 1 and m["dual_support_size_mean"] < 2 * 4 + 2
+    assert torch.autograd.gradcheck(
+        lambda x: troll(x, tokens, mask, adv, old, k=4, delta=1e-3, level=level, agg=agg, alpha=0.0)[0], (logits,)
+    )
+
+
+def test_troll_regression_term_gradient_treats_projection_as_constant():
+    """alpha * KL(p || sg(pi*)): its gradient is that of KL(p || c) with c = pi* frozen (checked by gradcheck)."""
+    logits, tokens, mask, adv, old = ragged_batch(seed=3)
+    b, t, v = logits.shape
+    full, _ = troll(logits, tokens, mask, adv, old, k=4, delta=1e-3, alpha=2.0)
+    policy_only, _ = troll(logits, tokens, mask, adv, old, k=4, delta=1e-3, alpha=0.0)
+    (g_full,) = torch.autograd.grad(full, logits)
+    (g_pol,) = torch.autograd.grad(policy_only, logits)
+    with torch.no_grad():
+        proj = project_sparse(sparsify(logits.view(-1, v), tokens.view(-1), k=4, delta=1e-3), old, 0.05)
+        frozen, frozen_tail = proj.logp.clone(), proj.tail_logp.clone()
+
+    def reg(x):
+        s = union(sparsify(x.view(-1, v), tokens.view(-1), k=4, delta=1e-3), old)
+        tok_kl = kl(s.lp, frozen, s.mask, s.lp_tail, frozen_tail, s.tail_count).view(b, t)
+        return 2.0 * (tok_kl * mask).sum() / mask.sum()
+
+    x = logits.detach().clone().requires_grad_(True)
+    assert torch.autograd.gradcheck(reg, (x,))
+    (g_reg,) = torch.autograd.grad(reg(x), x)
+    torch.testing.assert_close(g_full - g_pol, g_reg)
+
+
+def test_gspo_sequence_ratio_straight_through():
+    """Value: s_i = exp(mean_t log r_t) on every token; gradient: s_i * d log r_t (each token's own)."""
+    logits, tokens, mask, adv, old = ragged_batch(seed=1)
+    _, m = ppo_clip(logits, tokens, mask, adv, old, level="sequence", eps_low=10.0, eps_high=10.0)
+    logp = torch.log_softmax(logits, -1).gather(-1, tokens[..., None])[..., 0]
+    b, t = tokens.shape
+    hit = (old.idx == tokens.view(-1, 1)) & old.mask
+    log_q = torch.where(hit, old.logp, -math.inf).logsumexp(-1).view(b, t)
+    log_r = (logp - log_q) * mask
+    s = torch.exp(log_r.sum(-1) / mask.sum(-1))
+    expected = -(adv * s).mean()  # seq-mean-token-mean of a per-sequence constant
+    loss, _ = ppo_clip(
+        logits, tokens, mask, adv, old, level="sequence", eps_low=10.0, eps_high=10.0, agg="seq-mean-token-mean"
+    )
+    assert float(loss) == pytest.approx(float(expected), abs=1e-12)
+    (g1,) = torch.autograd.grad(loss, logits)
+    (g2,) = torch.autograd.grad(expected, logits)
+    torch.testing.assert_close(g1, g2)
+    assert m["ratio_max"] == pytest.approx(float(s.max()))
+
+
+def test_all_losses_share_one_signature_and_metric_keys():
+    logits, tokens, mask, adv, old = ragged_batch(seed=2)
+    keys = None
+    for name, fn in LOSSES.items():
+        loss, m = fn(logits, tokens, mask, adv, old, k=4, delta=1e-3)
+        assert loss.dim() == 0 and math.isfinite(float(loss)), name
+        (g,) = torch.autograd.grad(loss, logits)
+        assert torch.isfinite(g).all() and g[~mask].abs().max() == 0, name  # padding gets no gradient
+        common = {
+            "policy",
+            "regression",
+            "kl_before_mean",
+            "kl_before_max",
+            "kl_after_mean",
+            "kl_after_max",
+            "frac_active",
+            "ratio_mean",
+            "ratio_min",
+            "ratio_max",
+            "entropy",
+        }
+        assert common <= m.keys(), (name, common - m.keys())
+        keys = common if keys is None else keys
+
+
+def test_loss_input_errors():
+    logits, tokens, mask, adv, old = ragged_batch()
+    with pytest.raises(ValueError, match="expected logits"):
+        troll(logits, tokens, mask, adv[:2], old)
+    with pytest.raises(ValueError, match="old policy has"):
+        troll(logits[:2], tokens[:2], mask[:2], adv[:2], old)
+    with pytest.raises(ValueError, match="NaN"):
+        troll(logits, tokens, mask, adv * math.nan, old)
+    with pytest.raises(ValueError, match="aggregation"):
+        troll(logits, tokens, mask, adv, old, agg="mean")
+
+
+# --- aggregation and advantages ------------------------------------------------------------------------
+
+
+def test_aggregation_modes_on_ragged_lengths():
+    x = torch.tensor([[1.0, 2.0, 3.0, 4.0], [10.0, 20.0, 99.0, 99.0]])
+    m = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]], dtype=torch.bool)
+    assert float(aggregate(x, m, "token-mean")) == pytest.approx((1 + 2 + 3 + 4 + 10 + 20) / 6)
+    assert float(aggregate(x, m, "seq-mean-token-mean")) == pytest.approx((2.5 + 15.0) / 2)
+    assert float(aggregate(x, m, "seq-mean-token-sum-norm")) == pytest.approx((10 / 4 + 30 / 4) / 2)
+    assert float(aggregate(x, m, "seq-mean-token-sum-norm", norm_len=10)) == pytest.approx((1.0 + 3.0) / 2)
+    assert float(aggregate(x, torch.zeros_like(m), "token-mean")) == 0.0  # no tokens: 0, not NaN
+
+
+def test_grpo_by_hand_with_zero_variance_group():
+    r = torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.5])
+    grp = torch.tensor([0, 0, 0, 0, 1, 1, 2])
+    a = grpo(r, grp)
+    std = math.sqrt(((0.5**2) * 4) / 3)  # unbiased std of (1, 0, 1, 0)
+    torch.testing.assert_close(a[:4], torch.tensor([0.5, -0.5, 0.5, -0.5]) / (std + 1e-6))
+    assert a[4:].abs().max() == 0  # zero-variance group and a group of one: no signal, no NaN
+    torch.testing.assert_close(dr_grpo(r, grp), torch.tensor([0.5, -0.5, 0.5, -0.5, 0.0, 0.0, 0.0]))
+
+
+def test_reinforce_pp_batch_normalised():
+    r = torch.tensor([1.0, 0.0, 1.0, 1.0])
+    grp = torch.tensor([0, 0, 1, 1])
+    d = torch.tensor([0.5, -0.5, 0.0, 0.0])  # group baseline removed
+    expected = (d - d.mean()) / (d.std() + 1e-6)
+    torch.testing.assert_close(reinforce_pp(r, grp), expected)
+    with pytest.raises(ValueError, match="unknown advantage"):
+        advantages("ppo", r, grp)
+    with pytest.raises(ValueError, match="NaN"):
+        grpo(torch.tensor([math.nan, 1.0]), torch.tensor([0, 0]))
+
+
+# --- a toy: contextual bandit ---------------------------------------------------------------------------
+
+
+def bandit_run(loss_name: str, lr: float, steps: int = 6, epochs: int = 16, seed: int = 0):
+    """C contexts x V actions, a logit table as the policy; reward 1 for one good action per context.
+    Each step: sample G actions per context from the current policy, GRPO advantages, `epochs` Adam steps
+    on the same batch (the regime where a trust region matters). Returns, per step, the largest KL(pi* || q)
+    the loss saw in any epoch (TROLL's projected policy; the network's own for clip), the max per-context
+    KL(p_new || p_old) of the network after the update, and the final mean probability of the good action."""
+    torch.manual_seed(seed)
+    c, v, grp_size = 8, 12, 16
+    table = torch.zeros(c, v, dtype=torch.float64, requires_grad=True)
+    good = torch.randint(0, v, (c,))
+    opt = torch.optim.Adam([table], lr=lr)
+    seen, after = [], []
+    for _ in range(steps):
+        with torch.no_grad():
+            old_logp = torch.log_softmax(table, -1).clone()
+            actions = torch.distributions.Categorical(logits=old_logp).sample((grp_size,)).T  # [C, G]
+        rewards = (actions == good[:, None]).double().reshape(-1)
+        adv = grpo(rewards, torch.arange(c).repeat_interleave(grp_size))
+        tokens = actions.reshape(-1, 1)  # B = C*G responses of one token
+        old = sparsify(old_logp.repeat_interleave(grp_size, 0), tokens.view(-1), k=v, delta=0.0)
+        mask = torch.ones_like(tokens, dtype=torch.bool)
+        worst = 0.0
+        for _ in range(epochs):
+            logits = table.repeat_interleave(grp_size, 0).unsqueeze(1)
+            loss, m = LOSSES[loss_name](logits, tokens, mask, adv, old, delta=0.0)
+            worst = max(worst, m["kl_after_max"])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        with torch.no_grad():
+            new_logp = torch.log_softmax(table, -1)
+            after.append(float((new_logp.exp() * (new_logp - old_logp)).sum(-1).max()))
+        seen.append(worst)
+    return seen, after, float(torch.softmax(table, -1).gather(-1, good[:, None]).mean())
+
+
+def test_bandit_trust_region_troll_vs_clip():
+    """Aggressive updates (Adam lr 0.1, 16 epochs per batch). What TROLL guarantees: the policy its loss
+    optimises (pi*) never leaves the eps-ball, in any epoch. The network itself is only pulled back by the
+    regression term, so it may overshoot eps; clip bounds neither and drifts further."""
+    eps = 0.05
+    t_seen, t_after, t_reward = bandit_run("troll", lr=0.1)
+    c_seen, c_after, c_reward = bandit_run("ppo_clip", lr=0.1)
+    r = [round(x, 3) for x in (*t_after, *c_after)]
+    print(
+        f"\nmax per-context KL(new || old) of the network after each update (eps = {eps}):"
+        f"\n  troll {r[:6]} (projected policy max {max(t_seen):.4f}), final p(good) {t_reward:.3f}"
+        f"\n  clip  {r[6:]}, final p(good) {c_reward:.3f}"
+    )
+    assert max(t_seen) <= eps + 1e-9  # exact: every token of every epoch
+    assert max(c_after) > 5 * eps  # clipping the ratio does not bound the KL
+    assert max(t_after) < max(c_after)
+    assert t_reward > 5 / 12  # TROLL learns (uniform start: 1/12)
