@@ -59,6 +59,27 @@ class SparseDist:
         """[N] number of kept entries per row."""
         return self.mask.sum(-1)
 
+    def select(self, rows: Tensor) -> SparseDist:
+        """The rows `rows` ([n] long) of this distribution, e.g. one micro-batch."""
+        return SparseDist(
+            self.idx[rows],
+            self.logp[rows],
+            self.mask[rows],
+            self.tail_logp[rows],
+            self.tail_count[rows],
+            self.vocab_size,
+        )
+
+    def to(self, device: torch.device | str) -> SparseDist:
+        return SparseDist(
+            self.idx.to(device),
+            self.logp.to(device),
+            self.mask.to(device),
+            self.tail_logp.to(device),
+            self.tail_count.to(device),
+            self.vocab_size,
+        )
+
     def detach(self) -> SparseDist:
         return SparseDist(
             self.idx, self.logp.detach(), self.mask, self.tail_logp.detach(), self.tail_count, self.vocab_size
@@ -91,9 +112,7 @@ class Support:
 
 def _check_logits(x: Tensor, tokens: Tensor) -> None:
     if x.dim() != 2 or tokens.shape != x.shape[:1]:
-        raise ValueError(
-            f"expected logits [N, V] and tokens [N]; got {tuple(x.shape)} and {tuple(tokens.shape)}"
-        )
+        raise ValueError(f"expected logits [N, V] and tokens [N]; got {tuple(x.shape)} and {tuple(tokens.shape)}")
     if not x.is_floating_point():
         raise ValueError(f"logits must be floating point, got {x.dtype}")
     if tokens.dtype != torch.long:
@@ -117,9 +136,7 @@ def sparsify(
     tok_logp = x.gather(-1, tokens[:, None])[:, 0] - lse
     if not bool(torch.isfinite(torch.stack([lse, tok_logp])).all()):
         bad = ~torch.isfinite(lse)
-        what = (
-            "NaN/+inf logits or an all -inf row" if bool(bad.any()) else "a sampled token of zero probability"
-        )
+        what = "NaN/+inf logits or an all -inf row" if bool(bad.any()) else "a sampled token of zero probability"
         raise ValueError(
             f"cannot sparsify: {what} (rows {torch.nonzero(bad | ~torch.isfinite(tok_logp))[:5, 0].tolist()})"
         )
