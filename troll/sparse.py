@@ -121,26 +121,43 @@ def _check_logits(x: Tensor, tokens: Tensor) -> None:
         raise ValueError(f"token ids must lie in [0, {x.shape[1]})")
 
 
+class _GatherLogSoftmax(torch.autograd.Function):
+    """log_softmax(x)[n, idx[n, j]] -> [N, W] without keeping a log-softmax copy for backward.
+
+    Saves x itself; the gradient is built in one [N, V] buffer:  dL/dx = scatter_add(g at idx) - softmax(x) * sum_j g_j.
+    (Autograd through logsumexp + topk + gather would hold four [N, V] buffers at once.)
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, idx: Tensor) -> Tensor:  # type: ignore[override]
+        ctx.save_for_backward(x, idx)
+        return x.log_softmax(-1, dtype=compute_dtype(x.dtype)).gather(-1, idx)
+
+    @staticmethod
+    def backward(ctx, g: Tensor):  # type: ignore[override]
+        x, idx = ctx.saved_tensors
+        grad = x.softmax(-1, dtype=g.dtype).mul_(-g.sum(-1, keepdim=True)).scatter_add_(-1, idx, g)
+        return grad.to(x.dtype), None
+
+
 def sparsify(
     logits: Tensor, tokens: Tensor, k: int = 64, delta: float = 1e-5, tail_prob: float = TAIL_PROB
 ) -> SparseDist:
     """Sparse support of one policy from full logits or log-probs [N, V] and sampled tokens [N].
 
-    Rows are normalised here (logsumexp), so logits and log-probs give the same result. -inf entries are
+    Rows are normalised here (log-softmax), so logits and log-probs give the same result. -inf entries are
     allowed (masked tokens); NaN, +inf, an all -inf row or a sampled token of zero probability raise.
     """
     _check_logits(logits, tokens)
-    x = logits.to(compute_dtype(logits.dtype))
-    lse = torch.logsumexp(x, dim=-1)
-    top_val, top_idx = x.topk(min(k, x.shape[-1]), dim=-1)
-    tok_logp = x.gather(-1, tokens[:, None])[:, 0] - lse
-    if not bool(torch.isfinite(torch.stack([lse, tok_logp])).all()):
-        bad = ~torch.isfinite(lse)
+    top_idx = logits.detach().topk(min(k, logits.shape[-1]), dim=-1).indices
+    lp = _GatherLogSoftmax.apply(logits, torch.cat([top_idx, tokens[:, None]], dim=-1))
+    top_logp, tok_logp = lp[:, :-1], lp[:, -1]
+    if not bool(torch.isfinite(torch.stack([top_logp[:, 0], tok_logp])).all()):
+        bad = ~torch.isfinite(top_logp[:, 0])  # NaN / +inf / all -inf rows are NaN in every slot
         what = "NaN/+inf logits or an all -inf row" if bool(bad.any()) else "a sampled token of zero probability"
-        raise ValueError(
-            f"cannot sparsify: {what} (rows {torch.nonzero(bad | ~torch.isfinite(tok_logp))[:5, 0].tolist()})"
-        )
-    return _from_sorted(top_val - lse[:, None], top_idx, tok_logp, tokens, x.shape[-1], delta, tail_prob)
+        rows = torch.nonzero(bad | ~torch.isfinite(tok_logp))[:5, 0].tolist()
+        raise ValueError(f"cannot sparsify: {what} (rows {rows})")
+    return _from_sorted(top_logp, top_idx, tok_logp, tokens, logits.shape[-1], delta, tail_prob)
 
 
 def sparsify_topk(
