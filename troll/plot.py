@@ -1,0 +1,73 @@
+"""Curves from metrics.jsonl, one PNG per metric, several runs overlaid (e.g. TROLL vs clip):
+
+    python -m troll.plot runs/tiny-troll runs/tiny-clip --out plots/
+
+Each run is labelled by its folder name; x is the RL step. Metrics that a run lacks are skipped for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+DEFAULT_KEYS = (
+    "reward",
+    "eval_acc",
+    "kl_before_max",
+    "kl_after_max",
+    "frac_active",
+    "entropy",
+    "response_len_mean",
+    "grad_norm",
+)
+
+
+def read_metrics(run: str | Path) -> list[dict]:
+    path = Path(run) / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist (is {run} a run directory?)")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def plot_runs(runs: Sequence[str | Path], out: str | Path, keys: Sequence[str] = DEFAULT_KEYS) -> list[Path]:
+    """Write <out>/<key>.png for every key that at least one run logged; returns the written paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    data = {Path(r).name: read_metrics(r) for r in runs}
+    written = []
+    for key in keys:
+        series = {name: [(m["step"], m[key]) for m in rows if key in m] for name, rows in data.items()}
+        series = {name: pts for name, pts in series.items() if pts}
+        if not series:
+            continue
+        fig, ax = plt.subplots(figsize=(5, 3.2))
+        for name, pts in series.items():
+            ax.plot(*zip(*pts, strict=True), marker="o" if len(pts) < 20 else None, ms=3, label=name)
+        ax.set_xlabel("RL step")
+        ax.set_title(key)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / f"{key}.png", dpi=110)
+        plt.close(fig)
+        written.append(out / f"{key}.png")
+    return written
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description="Plot metrics.jsonl of one or more runs")
+    p.add_argument("runs", nargs="+")
+    p.add_argument("--out", default="plots")
+    args = p.parse_args(argv)
+    for path in plot_runs(args.runs, args.out):
+        print(path)
+
+
+if __name__ == "__main__":
+    main()
