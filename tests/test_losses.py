@@ -10,7 +10,7 @@ import torch
 from scipy.optimize import brentq
 
 from troll.advantages import advantages, dr_grpo, grpo, reinforce_pp
-from troll.losses import LOSSES, aggregate, cispo, dppo, ppo_clip, troll
+from troll.losses import LOSSES, aggregate, cispo, dppo, ppo_clip, troll_loss
 from troll.project import project_sparse
 from troll.sparse import kl, sparsify, union
 
@@ -128,7 +128,7 @@ def test_troll_on_a_two_token_case_matches_the_formula():
     t_star = brentq(lambda t: kl(pi(t), q) - eps, 1e-9, 1.0, xtol=1e-15)
     star = pi(t_star)
     expected = -adv * star[0] / q[0] + 1.0 * kl(p, star)
-    loss, m = troll(*binary(0.9, 0.5, adv), eps=eps, delta=0.0)
+    loss, m = troll_loss(*binary(0.9, 0.5, adv), eps=eps, delta=0.0)
     assert float(loss.detach()) == pytest.approx(expected, abs=1e-9)
     assert m["frac_active"] == 1.0 and m["kl_after_max"] == pytest.approx(eps, abs=1e-9)
     assert m["kl_before_max"] == pytest.approx(kl(p, q), abs=1e-12)
@@ -145,7 +145,7 @@ def test_troll_inside_region_is_the_importance_weighted_policy_gradient():
     adv = torch.tensor([1.0, -0.5, 2.0], dtype=torch.float64)
     old_logp = torch.log_softmax(base, -1)
     old = sparsify(old_logp.view(-1, v), tokens.view(-1), k=v, delta=0.0)
-    loss, m = troll(logits, tokens, mask, adv, old, delta=0.0)
+    loss, m = troll_loss(logits, tokens, mask, adv, old, delta=0.0)
     assert m["frac_active"] == 0.0 and m["regression"] == 0.0
     (g_troll,) = torch.autograd.grad(loss, logits)
     # The plain importance-weighted policy gradient, written out directly:
@@ -174,10 +174,10 @@ def test_troll_policy_term_gradcheck_end_to_end(level, agg):
     """The policy term has no stop-gradient: its autograd gradient (through sparsify, the union, the projection
     and the implicit dual gradient) must equal finite differences of its value."""
     logits, tokens, mask, adv, old = ragged_batch()
-    _, m = troll(logits, tokens, mask, adv, old, k=4, delta=1e-3)
+    _, m = troll_loss(logits, tokens, mask, adv, old, k=4, delta=1e-3)
     assert 0 < m["frac_active"] < 1 and m["dual_support_size_mean"] < 2 * 4 + 2
     assert torch.autograd.gradcheck(
-        lambda x: troll(x, tokens, mask, adv, old, k=4, delta=1e-3, level=level, agg=agg, alpha=0.0)[0], (logits,)
+        lambda x: troll_loss(x, tokens, mask, adv, old, k=4, delta=1e-3, level=level, agg=agg, alpha=0.0)[0], (logits,)
     )
 
 
@@ -185,8 +185,8 @@ def test_troll_regression_term_gradient_treats_projection_as_constant():
     """alpha * KL(p || sg(pi*)): its gradient is that of KL(p || c) with c = pi* frozen (checked by gradcheck)."""
     logits, tokens, mask, adv, old = ragged_batch(seed=3)
     b, t, v = logits.shape
-    full, _ = troll(logits, tokens, mask, adv, old, k=4, delta=1e-3, alpha=2.0)
-    policy_only, _ = troll(logits, tokens, mask, adv, old, k=4, delta=1e-3, alpha=0.0)
+    full, _ = troll_loss(logits, tokens, mask, adv, old, k=4, delta=1e-3, alpha=2.0)
+    policy_only, _ = troll_loss(logits, tokens, mask, adv, old, k=4, delta=1e-3, alpha=0.0)
     (g_full,) = torch.autograd.grad(full, logits)
     (g_pol,) = torch.autograd.grad(policy_only, logits)
     with torch.no_grad():
@@ -253,13 +253,13 @@ def test_all_losses_share_one_signature_and_metric_keys():
 def test_loss_input_errors():
     logits, tokens, mask, adv, old = ragged_batch()
     with pytest.raises(ValueError, match="expected logits"):
-        troll(logits, tokens, mask, adv[:2], old)
+        troll_loss(logits, tokens, mask, adv[:2], old)
     with pytest.raises(ValueError, match="old policy has"):
-        troll(logits[:2], tokens[:2], mask[:2], adv[:2], old)
+        troll_loss(logits[:2], tokens[:2], mask[:2], adv[:2], old)
     with pytest.raises(ValueError, match="NaN"):
-        troll(logits, tokens, mask, adv * math.nan, old)
+        troll_loss(logits, tokens, mask, adv * math.nan, old)
     with pytest.raises(ValueError, match="aggregation"):
-        troll(logits, tokens, mask, adv, old, agg="mean")
+        troll_loss(logits, tokens, mask, adv, old, agg="mean")
 
 
 # --- aggregation and advantages ------------------------------------------------------------------------

@@ -188,3 +188,23 @@ def test_plot_overlays_runs(tmp_path):
     assert all(p.stat().st_size > 1000 for p in written)
     with pytest.raises(FileNotFoundError, match="metrics.jsonl"):
         plot_runs([tmp_path / "nope"], tmp_path / "plots")
+
+
+def test_non_finite_gradient_skips_the_step(tmp_path, monkeypatch, varied_reward):
+    import troll.train as train_mod
+
+    real_build = train_mod.build_model
+
+    def poisoned(*args, **kw):
+        model, tok = real_build(*args, **kw)
+        model.lm_head.weight.register_hook(lambda g: g * math.inf)
+        return model, tok
+
+    monkeypatch.setattr(train_mod, "build_model", poisoned)
+    cfg = tiny(tmp_path)
+    summary = train(cfg)
+    assert summary["skipped_steps"] == cfg.steps * cfg.minibatches
+    assert [m["skipped"] for m in rows(tmp_path / "run")] == [cfg.minibatches] * cfg.steps
+    fresh, _ = real_build(cfg, torch.device("cpu"))
+    trained, _ = real_build(cfg, torch.device("cpu"), path=str(latest_checkpoint(tmp_path / "run")))
+    assert all(torch.equal(a, b) for a, b in zip(fresh.parameters(), trained.parameters(), strict=True))

@@ -37,6 +37,7 @@ Shapes: a, b: [N, U]; everything per row: [N].
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -109,14 +110,12 @@ def solve_dual(a: Tensor, b: Tensor, eps: float, *, max_iter: int = 50, tol: flo
         done = done | (hi - lo <= 4 * torch.finfo(t.dtype).eps * hi)
         # Newton on log KL vs log t: log t_new = log t - (log KL - log eps) * KL / (t * dKL/dt).
         kl = (ft + eps).clamp_min(torch.finfo(t.dtype).tiny)
-        t_newton = t * torch.exp(-(kl.log() - torch.log(torch.tensor(eps, dtype=t.dtype))) * kl / (t * dft))
+        t_newton = t * torch.exp(-(kl.log() - math.log(eps)) * kl / (t * dft))
         ok = torch.isfinite(t_newton) & (t_newton > lo) & (t_newton < hi)
         t = torch.where(done, t, torch.where(ok, t_newton, 0.5 * (lo + hi)))
     ft, _ = f(t)
     converged = ~active | (ft.abs() <= tol) | (hi - lo <= 4 * torch.finfo(t.dtype).eps * hi)
-    return DualSolution(
-        t=t, active=active, iters=iters, converged=converged, kl_before=kl_before, kl_after=ft + eps
-    )
+    return DualSolution(t=t, active=active, iters=iters, converged=converged, kl_before=kl_before, kl_after=ft + eps)
 
 
 class ImplicitT(torch.autograd.Function):

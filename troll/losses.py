@@ -14,7 +14,7 @@ policy's top-K log-probs returned by the rollout engine (DPPO's argument: free, 
 the distribution that actually produced the data, sampler numerics included; limited to the engine's K).
 Both are built with troll.sparse (sparsify / sparsify_topk) and feed every loss unchanged.
 
-    troll     L = agg(-A * exp(log pi*(y) - log q(y))) + alpha * agg(KL(p || sg(pi*)))   no clipping;
+    troll_loss  L = agg(-A * exp(log pi*(y) - log q(y))) + alpha * agg(KL(p || sg(pi*)))   no clipping;
               pi* = the KL projection of p onto {KL(. || q) <= eps} on the sparse support (project.py)
     ppo_clip  L = agg(-min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)),  r = p(y) / q(y)
               (eps_high = 0.28 is Clip-Higher)
@@ -134,7 +134,7 @@ def _sequence_ratio(log_r: Tensor, mask: Tensor) -> Tensor:
     return torch.exp(seq.detach() + log_r - log_r.detach())
 
 
-def troll(
+def troll_loss(
     logits: Tensor,
     tokens: Tensor,
     mask: Tensor,
@@ -288,4 +288,4 @@ def cispo(
     return policy, metrics | _masked_stats(ratio, mask, "ratio")
 
 
-LOSSES: dict[str, Callable[..., LossOut]] = {"troll": troll, "ppo_clip": ppo_clip, "dppo": dppo, "cispo": cispo}
+LOSSES: dict[str, Callable[..., LossOut]] = {"troll": troll_loss, "ppo_clip": ppo_clip, "dppo": dppo, "cispo": cispo}
