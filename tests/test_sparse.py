@@ -8,6 +8,7 @@ import torch
 
 from troll.sparse import (
     TAIL_PROB,
+    cat_rows,
     sparsify,
     sparsify_topk,
     support_kl,
@@ -180,3 +181,14 @@ def test_errors_name_the_problem():
     u = union(s, s)
     with pytest.raises(ValueError, match="not on the support"):
         u.position(torch.tensor([0, 0, int(torch.argsort(x[2])[0])]))
+
+
+def test_select_and_cat_rows_round_trip():
+    logits = peaked_logits(6, 30, seed=9)
+    tok = torch.randint(0, 30, (6,))
+    s = sparsify(logits, tok, k=5)
+    back = cat_rows([s.select(torch.tensor([0, 1, 2])), s.select(torch.tensor([3, 4, 5]))])
+    for name in ("idx", "logp", "mask", "tail_logp", "tail_count"):
+        assert torch.equal(getattr(back, name), getattr(s, name)), name
+    with pytest.raises(ValueError, match="one vocabulary size"):
+        cat_rows([s, sparsify(torch.randn(2, 40), torch.zeros(2, dtype=torch.long), k=5)])

@@ -86,6 +86,14 @@ class SparseDist:
         )
 
 
+def cat_rows(dists: list[SparseDist]) -> SparseDist:
+    """Stack the rows of several distributions over the same vocabulary (e.g. micro-batches)."""
+    if len({(d.vocab_size, d.idx.shape[1]) for d in dists}) != 1:
+        raise ValueError("cat_rows needs distributions with one vocabulary size and one slot count")
+    cat = [torch.cat([getattr(d, f) for d in dists]) for f in ("idx", "logp", "mask", "tail_logp", "tail_count")]
+    return SparseDist(*cat, dists[0].vocab_size)
+
+
 @dataclass
 class Support:
     """Two policies ("new" p and "old" q) on the union of their kept supports.

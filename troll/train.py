@@ -45,7 +45,7 @@ from troll.config import Config
 from troll.evaluate import decode, encode, greedy_hf, score
 from troll.losses import LOSSES
 from troll.rollout import HFGenerator, Rollouts, completion_logits
-from troll.sparse import SparseDist, sparsify, sparsify_topk
+from troll.sparse import SparseDist, cat_rows, sparsify, sparsify_topk
 
 
 @dataclass
@@ -187,8 +187,7 @@ def old_policy(cfg: Config, model: Any, ro: Rollouts, vocab: int) -> SparseDist:
                     delta=cfg.delta,
                 ).to("cpu")
             )
-    cat = lambda name: torch.cat([getattr(d, name) for d in dists])  # noqa: E731
-    return SparseDist(cat("idx"), cat("logp"), cat("mask"), cat("tail_logp"), cat("tail_count"), vocab)
+    return cat_rows(dists)
 
 
 def forward(cfg: Config, model: Any, ro: Rollouts, rows: torch.Tensor, vocab: int) -> torch.Tensor:
