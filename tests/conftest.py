@@ -7,6 +7,10 @@ from pathlib import Path
 
 import pytest
 
+# Small CPU models run ~10x slower when OpenMP threads spin-wait for a core another process holds (a shared
+# 2-core machine). Set before torch is imported by any test module.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 
 @pytest.fixture(scope="session")
 def gsm8k_dir() -> Path:

@@ -63,6 +63,7 @@ def test_matches_reference_rule(k, delta):
         assert abs(float(s.tail_logp[r]) - ref_tail) < 1e-12
         assert int(s.tail_count[r]) == 40 - len(ref)
         assert abs(float(lift(s, r).exp().sum()) - 1.0) < 1e-12
+    torch.testing.assert_close(s.to_dense(), torch.stack([lift(s, r) for r in range(12)]), atol=0, rtol=0)
 
 
 def test_peaked_rows_keep_few_tokens_and_sampled_token_is_always_kept():

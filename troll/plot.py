@@ -33,10 +33,7 @@ def read_metrics(run: str | Path) -> list[dict]:
 
 def plot_runs(runs: Sequence[str | Path], out: str | Path, keys: Sequence[str] = DEFAULT_KEYS) -> list[Path]:
     """Write <out>/<key>.png for every key that at least one run logged; returns the written paths."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: leaves a notebook's inline backend alone
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -47,7 +44,8 @@ def plot_runs(runs: Sequence[str | Path], out: str | Path, keys: Sequence[str] =
         series = {name: pts for name, pts in series.items() if pts}
         if not series:
             continue
-        fig, ax = plt.subplots(figsize=(5, 3.2))
+        fig = Figure(figsize=(5, 3.2))
+        ax = fig.subplots()
         for name, pts in series.items():
             ax.plot(*zip(*pts, strict=True), marker="o" if len(pts) < 20 else None, ms=3, label=name)
         ax.set_xlabel("RL step")
@@ -55,7 +53,6 @@ def plot_runs(runs: Sequence[str | Path], out: str | Path, keys: Sequence[str] =
         ax.legend(fontsize=7)
         fig.tight_layout()
         fig.savefig(out / f"{key}.png", dpi=110)
-        plt.close(fig)
         written.append(out / f"{key}.png")
     return written
 

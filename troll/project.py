@@ -52,7 +52,6 @@ def solve_t(a: Tensor, b: Tensor, eps: float, detach_dual: bool = False) -> tupl
     t = torch.where(t.double() > sol.t, torch.nextafter(t, torch.zeros_like(t)), t)
     if not detach_dual:
         t = ImplicitT.apply(t, a, b, sol.active)
-    sol.kl_after = sol.kl_after - target + eps  # report against eps, not the internal target
     return t, sol
 
 

@@ -59,6 +59,13 @@ class SparseDist:
         """[N] number of kept entries per row."""
         return self.mask.sum(-1)
 
+    def to_dense(self) -> Tensor:
+        """[N, V] log-probs: the kept values, the tail value everywhere else (small V only: tests, notebooks)."""
+        out = self.tail_logp[:, None].expand(-1, self.vocab_size).clone()
+        rows = torch.arange(self.idx.shape[0], device=self.idx.device)[:, None].expand_as(self.idx)
+        out[rows[self.mask], self.idx[self.mask]] = self.logp[self.mask]
+        return out
+
     def select(self, rows: Tensor) -> SparseDist:
         """The rows `rows` ([n] long) of this distribution, e.g. one micro-batch."""
         return SparseDist(
