@@ -157,10 +157,13 @@ def test_troll_inside_region_is_the_importance_weighted_policy_gradient():
     torch.testing.assert_close(g_troll, g_plain, atol=1e-12, rtol=0)
 
 
-def ragged_batch(seed=0, b=3, t=4, v=7):
-    """Float64 batch with active and inactive tokens, dropped tails and ragged masks."""
+def ragged_batch(seed=0, b=3, t=4, v=7, old_logits=False):
+    """Float64 batch with active and inactive tokens, dropped tails and ragged masks (or just its old logits)."""
     g = torch.Generator().manual_seed(seed)
-    old_logits = torch.randn(b, t, v, generator=g, dtype=torch.float64) * 2
+    old_logits_ = torch.randn(b, t, v, generator=g, dtype=torch.float64) * 2
+    if old_logits:
+        return old_logits_
+    old_logits = old_logits_
     scale = torch.tensor([2.0, 0.01, 2.0, 0.01], dtype=torch.float64)[:t].view(1, t, 1)
     logits = (old_logits + scale * torch.randn(b, t, v, generator=g, dtype=torch.float64)).requires_grad_(True)
     tokens = torch.randint(0, v, (b, t), generator=g)
@@ -210,8 +213,8 @@ def test_gspo_sequence_ratio_straight_through():
     _, m = ppo_clip(logits, tokens, mask, adv, old, level="sequence", eps_low=10.0, eps_high=10.0)
     logp = torch.log_softmax(logits, -1).gather(-1, tokens[..., None])[..., 0]
     b, t = tokens.shape
-    hit = (old.idx == tokens.view(-1, 1)) & old.mask
-    log_q = torch.where(hit, old.logp, -math.inf).logsumexp(-1).view(b, t)
+    old_logits = ragged_batch(seed=1, old_logits=True)
+    log_q = torch.log_softmax(old_logits, -1).gather(-1, tokens[..., None])[..., 0]  # exact, dense
     log_r = (logp - log_q) * mask
     s = torch.exp(log_r.sum(-1) / mask.sum(-1))
     expected = -(adv * s).mean()  # seq-mean-token-mean of a per-sequence constant
@@ -353,3 +356,20 @@ def test_bandit_trust_region_troll_vs_clip():
     assert max(c_after) > 5 * eps  # clipping the ratio does not bound the KL
     assert max(t_after) < max(c_after)
     assert t_reward > 5 / 12  # TROLL learns (uniform start: 1/12)
+
+
+def test_baseline_ratio_is_exact_when_the_support_is_truncated():
+    """Flat rows: top-4 of 50 tokens hold ~10% of the mass, so the sparse renormalisation is large. At identical
+    policies every baseline's ratio must still be exactly 1 (it divides the exact p(y) by the exact q(y)), and TROLL
+    (which works on the renormalised sparse distributions of both) sees KL 0 and ratio 1 too."""
+    g = torch.Generator().manual_seed(4)
+    logits = (0.1 * torch.randn(2, 5, 50, generator=g, dtype=torch.float64)).requires_grad_(True)
+    tokens = torch.randint(0, 50, (2, 5), generator=g)
+    mask = torch.ones(2, 5, dtype=torch.bool)
+    adv = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    old = sparsify(logits.detach().view(-1, 50), tokens.view(-1), k=4, delta=1e-5)
+    assert float(old.log_norm.exp().max()) < 0.2  # the kept mass really is small
+    for name, fn in LOSSES.items():
+        _, m = fn(logits, tokens, mask, adv, old, k=4)
+        assert m["ratio_min"] == pytest.approx(1.0, abs=1e-12) and m["ratio_max"] == pytest.approx(1.0, abs=1e-12), name
+        assert m["frac_active"] == 0.0 and m["kl_before_max"] == pytest.approx(0.0, abs=1e-12), name

@@ -87,35 +87,49 @@ def solve_dual(a: Tensor, b: Tensor, eps: float, *, max_iter: int = 50, tol: flo
     a, b = a.double(), b.double()
     one = torch.ones(a.shape[0], dtype=a.dtype, device=a.device)
     log_z0 = torch.logsumexp(b, dim=-1)
+    kl_before = _kl_and_slope(a, b, log_z0, one)[0]
+    active = kl_before > eps
+    t, iters, kl_after = one.clone(), torch.zeros_like(one, dtype=torch.long), kl_before.clone()
+    converged = torch.ones_like(active)
+    rows = active.nonzero().squeeze(-1)  # only tokens outside the region are solved for
+    if rows.numel():
+        sub = _newton(a[rows], b[rows], log_z0[rows], kl_before[rows], eps, max_iter, tol)
+        t[rows], iters[rows], converged[rows], kl_after[rows] = sub
+    return DualSolution(t=t, active=active, iters=iters, converged=converged, kl_before=kl_before, kl_after=kl_after)
 
-    def f(t: Tensor) -> tuple[Tensor, Tensor]:  # KL(pi_t || q) - eps and its derivative in t
-        _, log_z, mean, var = _moments(a, b, t)
-        return t * mean - log_z + log_z0 - eps, t * var
 
-    f1, _ = f(one)
-    kl_before = f1 + eps
-    active = f1 > 0
-    lo, hi = torch.zeros_like(one), one.clone()
-    t = torch.where(active, (eps / kl_before).sqrt(), one)
-    iters = torch.zeros_like(one, dtype=torch.long)
-    done = ~active
+def _kl_and_slope(a: Tensor, b: Tensor, log_z0: Tensor, t: Tensor) -> tuple[Tensor, Tensor]:
+    """KL(pi_t || q) and its derivative t * Var_t[a], each [N]."""
+    _, log_z, mean, var = _moments(a, b, t)
+    return t * mean - log_z + log_z0, t * var
+
+
+def _newton(
+    a: Tensor, b: Tensor, log_z0: Tensor, kl1: Tensor, eps: float, max_iter: int, tol: float
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Safeguarded Newton on log KL vs log t for rows that are all active. Returns t, iters, converged, KL."""
+    lo, hi = torch.zeros_like(kl1), torch.ones_like(kl1)
+    t = (eps / kl1).sqrt()  # exact where KL ~ t^2 Var / 2
+    iters = torch.zeros_like(kl1, dtype=torch.long)
+    done = torch.zeros_like(kl1, dtype=torch.bool)
+    tiny, ulp = torch.finfo(t.dtype).tiny, torch.finfo(t.dtype).eps
     for _ in range(max_iter):
-        if bool(done.all()):
-            break
-        ft, dft = f(t)
+        kl, slope = _kl_and_slope(a, b, log_z0, t)
+        ft = kl - eps
         iters += (~done).long()
         done = done | (ft.abs() <= tol)
         hi = torch.where(~done & (ft > 0), t, hi)
         lo = torch.where(~done & (ft <= 0), t, lo)
-        done = done | (hi - lo <= 4 * torch.finfo(t.dtype).eps * hi)
+        done = done | (hi - lo <= 4 * ulp * hi)
+        if bool(done.all()):
+            break
         # Newton on log KL vs log t: log t_new = log t - (log KL - log eps) * KL / (t * dKL/dt).
-        kl = (ft + eps).clamp_min(torch.finfo(t.dtype).tiny)
-        t_newton = t * torch.exp(-(kl.log() - math.log(eps)) * kl / (t * dft))
+        kl = kl.clamp_min(tiny)
+        t_newton = t * torch.exp(-(kl.log() - math.log(eps)) * kl / (t * slope))
         ok = torch.isfinite(t_newton) & (t_newton > lo) & (t_newton < hi)
         t = torch.where(done, t, torch.where(ok, t_newton, 0.5 * (lo + hi)))
-    ft, _ = f(t)
-    converged = ~active | (ft.abs() <= tol) | (hi - lo <= 4 * torch.finfo(t.dtype).eps * hi)
-    return DualSolution(t=t, active=active, iters=iters, converged=converged, kl_before=kl_before, kl_after=ft + eps)
+    kl, _ = _kl_and_slope(a, b, log_z0, t)
+    return t, iters, done, kl
 
 
 class ImplicitT(torch.autograd.Function):
@@ -134,6 +148,11 @@ class ImplicitT(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_t: Tensor):  # type: ignore[override]
         t, a, b, active = ctx.saved_tensors
-        w, _, mean, var = _moments(a, b, t)
-        coef = torch.where(active, -grad_t * t / var.clamp_min(torch.finfo(var.dtype).tiny), 0.0)
-        return None, coef[:, None] * w * (a - mean[:, None]), None, None
+        grad_a = torch.zeros_like(a)
+        rows = active.nonzero().squeeze(-1)  # t is constant (= 1) on inactive rows
+        if rows.numel():
+            a_r, t_r = a[rows], t[rows]
+            w, _, mean, var = _moments(a_r, b[rows], t_r)
+            coef = -grad_t[rows] * t_r / var.clamp_min(torch.finfo(var.dtype).tiny)
+            grad_a[rows] = coef[:, None] * w * (a_r - mean[:, None])
+        return None, grad_a, None, None

@@ -116,9 +116,8 @@ def _baseline_setup(logits, tokens, mask, adv, old, k, delta) -> tuple[Tensor, d
         before = _masked_stats(kl_p, mask, "kl_before")
     metrics |= {"kl_before_mean": before["kl_before_mean"], "kl_before_max": before["kl_before_max"]}
     metrics |= {"kl_after_mean": before["kl_before_mean"], "kl_after_max": before["kl_before_max"]}
-    return _token_logp(old, tok).view(b, t).to(
-        logits.dtype if logits.dtype == torch.float64 else torch.float32
-    ), metrics
+    lq_y = (_token_logp(old, tok) + old.log_norm).view(b, t)  # exact log q(y): not renormalised on the support
+    return lq_y.to(logits.dtype if logits.dtype == torch.float64 else torch.float32), metrics
 
 
 def _log_p_exact(logits: Tensor, tokens: Tensor) -> Tensor:
@@ -221,7 +220,7 @@ def dppo_divergence(name: str, logits: Tensor, tokens: Tensor, old: SparseDist, 
             d = _bernoulli_kl(p_y, q_y)
         elif name in ("topk_tv", "topk_kl"):
             p_k = torch.where(old.mask, lp_full.gather(-1, old.idx).exp(), 0.0)
-            q_k = torch.where(old.mask, old.logp.exp(), 0.0).float()
+            q_k = torch.where(old.mask, (old.logp + old.log_norm[:, None]).exp(), 0.0).float()
             p_k = torch.cat([p_k, (1 - p_k.sum(-1, keepdim=True)).clamp_min(0)], -1)  # + the "rest" bucket
             q_k = torch.cat([q_k, (1 - q_k.sum(-1, keepdim=True)).clamp_min(0)], -1)
             if name == "topk_tv":

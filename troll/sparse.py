@@ -45,14 +45,21 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 @dataclass
 class SparseDist:
-    """One policy on a sparse support with a tail (module docstring). Shapes: [N, W] and [N]."""
+    """One policy on a sparse support with a tail (module docstring). Shapes: [N, W] and [N].
+
+    `log_norm` is log Z, so `logp + log_norm` are the exact (un-renormalised) log-probs of the kept entries:
+    the baselines' ratio p(y) / q(y) uses those, TROLL works on the renormalised sparse distributions.
+    """
 
     idx: Tensor
     logp: Tensor
     mask: Tensor
     tail_logp: Tensor
     tail_count: Tensor
+    log_norm: Tensor
     vocab_size: int
+
+    FIELDS = ("idx", "logp", "mask", "tail_logp", "tail_count", "log_norm")
 
     @property
     def size(self) -> Tensor:
@@ -66,39 +73,25 @@ class SparseDist:
         out[rows[self.mask], self.idx[self.mask]] = self.logp[self.mask]
         return out
 
+    def _map(self, fn) -> SparseDist:
+        return SparseDist(*(fn(getattr(self, f)) for f in self.FIELDS), self.vocab_size)
+
     def select(self, rows: Tensor) -> SparseDist:
         """The rows `rows` ([n] long) of this distribution, e.g. one micro-batch."""
-        return SparseDist(
-            self.idx[rows],
-            self.logp[rows],
-            self.mask[rows],
-            self.tail_logp[rows],
-            self.tail_count[rows],
-            self.vocab_size,
-        )
+        return self._map(lambda x: x[rows])
 
     def to(self, device: torch.device | str) -> SparseDist:
-        return SparseDist(
-            self.idx.to(device),
-            self.logp.to(device),
-            self.mask.to(device),
-            self.tail_logp.to(device),
-            self.tail_count.to(device),
-            self.vocab_size,
-        )
+        return self._map(lambda x: x.to(device))
 
     def detach(self) -> SparseDist:
-        return SparseDist(
-            self.idx, self.logp.detach(), self.mask, self.tail_logp.detach(), self.tail_count, self.vocab_size
-        )
+        return self._map(lambda x: x.detach())
 
 
 def cat_rows(dists: list[SparseDist]) -> SparseDist:
     """Stack the rows of several distributions over the same vocabulary (e.g. micro-batches)."""
     if len({(d.vocab_size, d.idx.shape[1]) for d in dists}) != 1:
         raise ValueError("cat_rows needs distributions with one vocabulary size and one slot count")
-    cat = [torch.cat([getattr(d, f) for d in dists]) for f in ("idx", "logp", "mask", "tail_logp", "tail_count")]
-    return SparseDist(*cat, dists[0].vocab_size)
+    return SparseDist(*(torch.cat([getattr(d, f) for d in dists]) for f in SparseDist.FIELDS), dists[0].vocab_size)
 
 
 @dataclass
@@ -231,7 +224,7 @@ def _from_sorted(
     log_z = torch.logaddexp(kept, log_tail)
     tail_logp = math.log(tail_prob) - log_z
     logp = torch.where(mask, logp - log_z[:, None], tail_logp[:, None])
-    return SparseDist(idx, logp, mask, tail_logp, count, vocab_size)
+    return SparseDist(idx, logp, mask, tail_logp, count, log_z, vocab_size)
 
 
 def union(new: SparseDist, old: SparseDist) -> Support:

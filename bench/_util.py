@@ -1,0 +1,43 @@
+"""Helpers shared by bench/step.py and bench/trl_compare.py: the benchmark reward and small measuring tools.
+
+Reward. An untrained model never adds correctly, so the addition reward would be 0 for every sample, every
+advantage 0 and the update a no-op in value (though not in cost). The benches therefore score completions with
+`parity_reward`: 1.0 when the sum of the completion text's code points is odd, else 0.0. On the untrained tiny
+model (near-uniform over ~260 byte tokens) that is a fair coin per sample, so almost every group of 8 carries a
+non-zero advantage. (`odd_length_reward`, 1.0 for an odd number of characters, is the other option: on the
+untrained model nearly every completion runs to max_new_tokens = 5 characters, so most groups tie and carry
+no signal.) Both take the completion text with special tokens removed, as troll's `Task.reward` does.
+"""
+
+from __future__ import annotations
+
+import resource
+import statistics
+from collections.abc import Iterable
+
+
+def parity_reward(completion: str, gold: str = "") -> float:
+    """1.0 when the sum of the code points of `completion` is odd (module docstring)."""
+    return float(sum(map(ord, completion)) % 2)
+
+
+def odd_length_reward(completion: str, gold: str = "") -> float:
+    """1.0 when `completion` has an odd number of characters."""
+    return float(len(completion) % 2)
+
+
+REWARDS = {"parity": parity_reward, "odd_length": odd_length_reward}
+
+
+def cpu_user() -> float:
+    """CPU user seconds of this process so far (all threads)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_utime
+
+
+def median(xs: Iterable[float]) -> float:
+    xs = list(xs)
+    return statistics.median(xs) if xs else float("nan")
+
+
+def ratio(a: float, b: float) -> float:
+    return a / b if b else float("nan")

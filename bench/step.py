@@ -1,0 +1,228 @@
+"""One full RL step with TROLL vs with PPO-clip: rollout, scoring, old-policy pass, update, weight sync.
+
+    .venv/bin/python bench/step.py                                  # tiny-cpu preset, HF backend, 10 rounds
+    .venv/bin/python bench/step.py --backend vllm --repeats 6       # rollouts with the vLLM CPU build
+    .venv/bin/python bench/step.py --sft_steps 250                  # a warm-started (peaked) model instead
+
+What is timed: `troll.train.rl_step`, the function the training loop calls, unchanged: sample
+prompts_per_step x samples_per_prompt completions (`make_generator`: transformers `generate`, or vLLM), decode
+and reward them, GRPO advantages, the old-policy pass (`--old_policy recompute`: a no-grad forward + sparsify),
+`minibatches` optimiser steps (forward, loss, backward, AdamW), and the weight push (a no-op with HF). The
+phase times are the ones `rl_step` returns (time_generate, time_score, time_old_policy, time_update,
+time_sync); total = their sum. The only difference between the variants is `cfg.loss` (troll / ppo_clip).
+
+Setup: `Config.from_args(["--preset", "tiny-cpu", "--sft_steps", "0", ...])` (every other flag of the command
+line is passed through to it, e.g. `--prompts_per_step 16 --k 32`): the 0.8M-parameter tiny Llama built
+locally (`build_model`), 32 prompts x 8 samples x at most 5 new tokens, 2 minibatches, lr 1e-4, K 64,
+eps 0.05, clip 0.2. No supervised warm-start by default, so the addition reward would be 0 everywhere (every
+advantage 0): the task's reward is replaced by `_util.parity_reward` (1.0 when the sum of the completion's
+code points is odd; `--reward odd_length` for odd-length completions), about a coin flip per sample, so the
+update has real gradients. Caveat: the untrained model is near-uniform over its 260 tokens, so the K = 64
+sparse supports hold only ~1/4 of the mass. After the first optimiser step the top-64 sets of old and new policy
+differ by near-ties, and TROLL projects about half the tokens (a trained model: well under 1%), the expensive
+case for its solver; and PPO-clip's ratio p(y) / q(y) (exact p, sparse renormalised q) sits near 0.3 even at
+identical weights, so about half its tokens (those with A < 0) count as clipped. Neither changes the amount of
+arithmetic much, but `--sft_steps 250` measures a peaked (warm-started) model as well.
+
+Pairing: every round starts both variants from the same weights, optimiser and scheduler state (restored
+from a snapshot, untimed; with vLLM the restored weights are pushed to the engine, untimed) and the same step
+index, so both sample the same prompts with the same sampler seed: with the same weights they get the same
+rollouts, and only the update differs. The run then continues from the state of the round's last variant.
+The order alternates between rounds (troll, clip / clip, troll) so the load of other processes hits both
+alike; `--warmup` rounds (untimed) come first. Reported: per variant the median of each phase and of the
+total over rounds (and the minimum total, the steadiest figure on a busy machine), the CPU user time of the
+step and of each phase (getrusage around the phase functions: on a shared machine the steadier measure of work
+done), and troll/clip ratios: of the medians, and the median of the per-round (paired) ratios. Target: a
+TROLL step costs at most 1.10x a clip step. The SUMMARY uses the paired median ratios.
+
+OMP_WAIT_POLICY=PASSIVE is set (unless the environment sets it) before torch is imported: with the default
+spinning OpenMP threads a small CPU model runs up to 10x slower when another process competes for the cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported (module docstring)
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+import torch  # noqa: E402
+from _util import REWARDS, cpu_user, median, ratio  # noqa: E402
+
+import troll.train as train  # noqa: E402
+from troll.config import Config  # noqa: E402
+
+PHASES = ("generate", "score", "old_policy", "update", "sync")
+VARIANTS = {"troll": "troll", "clip": "ppo_clip"}
+
+
+class PhaseClock:
+    """CPU user seconds spent inside the phase functions `rl_step` calls (score = step total minus the rest)."""
+
+    def __init__(self, generator) -> None:
+        self.cpu: dict[str, float] = {}
+        self._wrap(train, "old_policy", "old_policy")
+        self._wrap(train, "update", "update")
+        self._wrap(generator, "generate", "generate")
+        self._wrap(generator, "push_weights", "sync")
+
+    def _wrap(self, owner, attr: str, phase: str) -> None:
+        fn = getattr(owner, attr)
+
+        def timed(*args, **kwargs):
+            u = cpu_user()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.cpu[phase] = self.cpu.get(phase, 0.0) + cpu_user() - u
+
+        setattr(owner, attr, timed)
+
+
+def snapshot(model, opt, sched) -> dict:
+    return {
+        "model": {k: v.detach().clone() for k, v in model.state_dict().items()},
+        "opt": copy.deepcopy(opt.state_dict()),
+        "sched": copy.deepcopy(sched.state_dict()),
+    }
+
+
+def restore(snap: dict, model, opt, sched) -> None:
+    model.load_state_dict(snap["model"])
+    opt.load_state_dict(copy.deepcopy(snap["opt"]))
+    sched.load_state_dict(copy.deepcopy(snap["sched"]))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], epilog="Other flags go to troll.config.Config (e.g. --backend vllm)."
+    )
+    ap.add_argument("--repeats", type=int, default=10, help="measured rounds (each runs both variants)")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed rounds first")
+    ap.add_argument("--reward", default="parity", choices=[*REWARDS, "task"], help="task = the addition reward")
+    a, rest = ap.parse_known_args()
+    cfg = Config.from_args(["--preset", "tiny-cpu", "--sft_steps", "0", *rest])
+    device = torch.device("cpu" if cfg.device == "auto" else cfg.device)
+
+    t0 = time.perf_counter()
+    torch.manual_seed(cfg.seed)
+    model, tokenizer = train.build_model(cfg, device)
+    vocab = len(tokenizer)
+    task, _ = train.load_task(cfg, tokenizer)
+    if cfg.sft_steps:
+        loss = train.sft_warmstart(cfg, model, tokenizer, task)
+        print(f"supervised warm-start: {cfg.sft_steps} steps, final loss {loss:.3f}")
+    if a.reward != "task":
+        task.reward = REWARDS[a.reward]
+    threads_before = torch.get_num_threads()
+    tmp = tempfile.TemporaryDirectory()
+    generator = train.make_generator(cfg, model, tokenizer, Path(tmp.name))
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0)  # the preset's constant schedule, no warmup
+    clock = PhaseClock(generator)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(
+        f"model: tiny Llama, {n_params / 1e6:.2f}M parameters, vocab {vocab}; backend {cfg.backend}, "
+        f"setup {time.perf_counter() - t0:.1f} s; torch threads {threads_before}/{torch.get_num_threads()} "
+        f"(before/after the generator), OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}"
+    )
+    print(
+        f"step: {cfg.prompts_per_step} prompts x {cfg.samples_per_prompt} samples x <= {cfg.max_new_tokens} "
+        f"tokens, {cfg.minibatches} minibatches, old_policy {cfg.old_policy}, K {cfg.k}, eps {cfg.eps}, "
+        f"clip {cfg.clip_low}/{cfg.clip_high}, lr {cfg.lr}, reward {a.reward}; "
+        f"{a.warmup} warm-up + {a.repeats} measured rounds"
+    )
+
+    snap = snapshot(model, opt, sched)
+    engine_fresh = True  # the engine (vLLM) holds the snapshot's weights
+    runs: dict[str, list[dict]] = {name: [] for name in VARIANTS}
+    for r in range(a.warmup + a.repeats):
+        order = list(VARIANTS)[:: -1 if r % 2 else 1]
+        line = []
+        for name in order:
+            restore(snap, model, opt, sched)
+            if not engine_fresh:
+                generator.push_weights(model)  # untimed: put the round's starting weights back into the engine
+            clock.cpu.clear()
+            u = cpu_user()
+            row = train.rl_step(
+                dataclasses.replace(cfg, loss=VARIANTS[name]),
+                r,
+                model,
+                tokenizer,
+                generator,
+                opt,
+                sched,
+                task,
+                vocab,
+                device,
+            )
+            user = cpu_user() - u
+            engine_fresh = False
+            cpu = {p: clock.cpu.get(p, 0.0) for p in PHASES}
+            cpu["score"] = user - sum(v for p, v in cpu.items() if p != "score")
+            m = {p: row[f"time_{p}"] for p in PHASES}
+            m |= {"total": sum(m.values()), "user": user, **{f"user_{p}": cpu[p] for p in PHASES}}
+            m |= {k: row.get(k, float("nan")) for k in ("reward", "frac_active", "dual_iters_mean", "grad_norm")}
+            if r >= a.warmup:
+                runs[name].append(m)
+            line.append(f"{name} {m['total']:.2f} s (update {m['update']:.2f}, user {user:.2f})")
+        snap, engine_fresh = snapshot(model, opt, sched), True  # continue from the last variant's state
+        tag = "warm-up" if r < a.warmup else f"round {r - a.warmup + 1}"
+        print(f"  {tag:8s}: " + ", ".join(line) + f"; reward {row['reward']:.2f}")
+
+    med = {name: {k: median(m[k] for m in ms) for k in ms[0]} for name, ms in runs.items()}
+    for name, ms in runs.items():
+        med[name]["min"] = min(m["total"] for m in ms)
+    head = "".join(f"{p:>11s}" for p in PHASES)
+    print(f"\nmedian wall s {head} {'total':>7s} {'(min)':>6s} | cpu user: {'step':>6s} {'update':>7s} {'old':>6s}")
+    for name in VARIANTS:
+        md = med[name]
+        print(
+            f"{name:13s} " + "".join(f"{md[p]:11.3f}" for p in PHASES) + f" {md['total']:7.3f} {md['min']:6.3f} |"
+            f"           {md['user']:6.3f} {md['user_update']:7.3f} {md['user_old_policy']:6.3f}"
+        )
+    x = {k: ratio(med["troll"][k], med["clip"][k]) for k in med["troll"]}
+    print(
+        f"{'troll/clip':13s} " + "".join(f"{x[p]:10.2f}x" for p in PHASES) + f" {x['total']:6.2f}x {x['min']:5.2f}x |"
+        f"           {x['user']:5.2f}x {x['user_update']:6.2f}x {x['user_old_policy']:5.2f}x"
+    )
+    paired = {
+        k: median(ratio(t[k], c[k]) for t, c in zip(runs["troll"], runs["clip"], strict=True))
+        for k in ("total", "update", "user", "user_update")
+    }
+    print(
+        f"paired (median over rounds of the within-round ratio): total {paired['total']:.2f}x, update "
+        f"{paired['update']:.2f}x; cpu user: step {paired['user']:.2f}x, update {paired['user_update']:.2f}x"
+    )
+    print(
+        f"update share of the step: troll {med['troll']['update'] / med['troll']['total']:.0%}, clip "
+        f"{med['clip']['update'] / med['clip']['total']:.0%}; update extra per step "
+        f"{med['troll']['update'] - med['clip']['update']:+.3f} s"
+    )
+    print(
+        f"signal: reward mean {med['troll']['reward']:.2f}; tokens projected (troll) "
+        f"{med['troll']['frac_active']:.1%}, clipped (clip) {med['clip']['frac_active']:.1%}; "
+        f"troll dual iterations mean "
+        f"{med['troll']['dual_iters_mean']:.1f}; grad norm troll {med['troll']['grad_norm']:.3f} "
+        f"clip {med['clip']['grad_norm']:.3f}"
+    )
+    verdict = "met" if paired["total"] <= 1.10 else "NOT met"
+    print(
+        f"SUMMARY step: troll/clip total {paired['total']:.2f}x, update {paired['update']:.2f}x "
+        f"(target <= 1.10x): {verdict}; cpu user {paired['user']:.2f}x, {cfg.backend}, median of "
+        f"{a.repeats} paired rounds"
+    )
+    tmp.cleanup()
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,359 @@
+"""troll's RL step next to TRL's `GRPOTrainer`: same tiny model, prompts, group size, batch, lengths; time and memory.
+
+    /tmp/trlvenv/bin/python bench/trl_compare.py                       # 4 rounds x (2 warm-up + 8 measured) steps
+    /tmp/trlvenv/bin/python bench/trl_compare.py --minibatches 2       # 2 optimiser steps per RL step (tiny-cpu)
+
+Install (TRL is not a dependency of troll, and its pins must not touch the project's .venv), a separate venv:
+
+    python3 -m venv /tmp/trlvenv
+    /tmp/trlvenv/bin/pip install torch==2.13.0 trl==1.16.0 transformers==5.19.0 tqdm datasets math-verify
+    /tmp/trlvenv/bin/pip install -e . --no-deps                        # troll itself, from the repository root
+
+TRL 1.16.0 requires transformers>=4.56.2 (no upper pin), accelerate>=1.10.1, datasets>=4.7.0, so it runs with the
+project's transformers 5.19. The script stops with that command if `trl` does not import.
+
+The model: the tiny-cpu preset's 0.59M-parameter Llama and byte-level tokenizer (`troll.train.build_model`,
+vocab 260), built once with the preset's seed and saved to a temporary folder; both sides load it from there
+(`from_pretrained`, float32). No warm-start: an untrained model never adds correctly, so both sides score with
+the same reward, `_util.parity_reward` (1.0 when the sum of the completion text's code points is odd), about a coin
+flip per sample, so every update has real gradients.
+
+Matching settings (defaults = the tiny-cpu preset; flags --prompts --n --max_new --minibatches --lr change both):
+  one RL step  = 32 prompts x 8 samples (num_generations = samples_per_prompt = 8) x at most 5 new tokens,
+                 temperature 1, no top-k/top-p, stop at EOS, transformers `generate` (no vLLM) on the CPU;
+  optimiser    = AdamW lr 1e-4, weight decay 0, constant schedule, grad-norm clip 1, float32;
+  minibatches  = M optimiser steps per RL step over disjoint shares of the 256 completions. Default M = 1: one
+                 optimiser step sees all 256. TRL: per_device_train_batch_size = 256 / M, steps_per_generation = M,
+                 gradient_accumulation_steps = 1, num_iterations = 1, so it generates once per M optimiser steps;
+  old policy   = troll always recomputes it (`--old_policy recompute`: one no-grad forward over the batch).
+                 TRL computes it only when M > 1 (with M = 1 it uses the detached current log-probs, ratio = 1);
+  loss         = troll: `--loss troll` (and `ppo_clip` as a second troll side); TRL: the clipped surrogate
+                 min(r A, clip(r, 0.8, 1.2) A), beta = 0 (no reference model), loss_type "dapo" (token mean over
+                 the batch, as troll's `--agg token-mean`; `--trl_loss grpo` for per-sequence means), GRPO
+                 advantages (group mean and std, `scale_rewards="group"`), report_to none, no checkpoints.
+Prompts: troll draws 32 training problems per step (with replacement, `rl_step`); TRL walks the same 9,000
+problems shuffled (its RepeatSampler). Every prompt is 6 tokens ("12+34="), so the work per step is the same.
+
+What one step is: troll: one `troll.train.rl_step` call (rollout, reward, advantages, old policy, update, weight
+sync), timed around the call. TRL: the wall time between the ends of the M optimiser steps of one generation
+cycle (a `TrainerCallback` on_step_end): generation, reward, advantages, old log-probs when M > 1, the M
+forward/backward/AdamW steps, and TRL's per-step logging bookkeeping.
+
+How: each side runs in a fresh subprocess (this script with --child), `--warmup` untimed steps then `--steps`
+timed ones; a round runs every side once, the order rotating between rounds so that the load of other
+processes hits all sides alike. Reported per side: median wall time per step and median CPU user time per
+step (getrusage; on a shared machine the steadier measure of work done), pooled over the rounds; and memory:
+peak RSS of the child (ru_maxrss: imports, model, trainer and all steps), the RSS right before the first step,
+and the peak during the steps (VmHWM after `echo 5 > /proc/self/clear_refs` at that point, as in
+bench/projection.py). The ratios in the SUMMARY are troll (TROLL loss) over TRL: time = median over rounds of
+the within-round ratio of the medians; memory = ratio of the medians of ru_maxrss. Target: troll's step no
+slower than TRL's.
+
+OMP_WAIT_POLICY=PASSIVE is set (unless the environment sets it) before torch is imported, in every process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported (module docstring)
+
+from _util import cpu_user, median, parity_reward, ratio  # noqa: E402
+
+INSTALL = (
+    "python3 -m venv /tmp/trlvenv && /tmp/trlvenv/bin/pip install torch==2.13.0 trl==1.16.0 transformers==5.19.0 "
+    "tqdm datasets math-verify && /tmp/trlvenv/bin/pip install -e . --no-deps   (then run this script with "
+    "/tmp/trlvenv/bin/python)"
+)
+SIDES = ("troll", "troll_clip", "trl")
+MB = 2**20
+
+
+def _proc(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
+
+
+def _reset_hwm() -> int:
+    """Reset the kernel's RSS high-water mark; return the current RSS (bytes)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return _proc("VmRSS")
+
+
+def _memory(rss_before: int) -> dict:
+    return {
+        "maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "rss_before": rss_before,
+        "hwm_steps": _proc("VmHWM"),
+    }
+
+
+def run_troll(o: dict, loss: str) -> dict:
+    import torch
+
+    import troll.train as train
+    from troll.config import Config
+
+    cfg = Config.from_args(
+        ["--preset", "tiny-cpu", "--sft_steps", "0", "--loss", loss, "--minibatches", str(o["minibatches"])]
+        + ["--prompts_per_step", str(o["prompts"]), "--samples_per_prompt", str(o["n"])]
+        + ["--max_new_tokens", str(o["max_new"]), "--lr", str(o["lr"]), "--seed", str(o["seed"])]
+    )
+    device = torch.device("cpu")
+    model, tokenizer = train.build_model(cfg, device, path=o["model_dir"])
+    task, _ = train.load_task(cfg, tokenizer)
+    task.reward = parity_reward
+    with tempfile.TemporaryDirectory() as tmp:
+        generator = train.make_generator(cfg, model, tokenizer, Path(tmp))
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0)
+    rss_before = _reset_hwm()
+    walls, users, rewards, tokens = [], [], [], []
+    for step in range(o["warmup"] + o["steps"]):
+        t, u = time.perf_counter(), cpu_user()
+        row = train.rl_step(cfg, step, model, tokenizer, generator, opt, sched, task, len(tokenizer), device)
+        if step >= o["warmup"]:
+            walls.append(time.perf_counter() - t)
+            users.append(cpu_user() - u)
+            rewards.append(row["reward"])
+            tokens.append(row["response_len_mean"])
+    return {
+        "wall": walls,
+        "user": users,
+        "reward": median(rewards),
+        "completions": cfg.prompts_per_step * cfg.samples_per_prompt,
+        "len": median(tokens),
+        **_memory(rss_before),
+    }
+
+
+def run_trl(o: dict) -> dict:
+    import torch
+    import transformers
+    import trl
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from troll import addition
+
+    m, batch = o["minibatches"], o["prompts"] * o["n"]
+    total_steps = (o["warmup"] + o["steps"]) * m
+    marks: list[tuple[float, float]] = []
+    mem: dict = {}
+    rewards: list[float] = []
+    scored: list[int] = []
+    lengths: list[float] = []
+
+    class Clock(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            mem["rss_before"] = _reset_hwm()
+            marks.append((time.perf_counter(), cpu_user()))
+
+        def on_step_end(self, args, state, control, **kwargs):
+            marks.append((time.perf_counter(), cpu_user()))
+
+    def reward(completions, completion_ids, **kwargs) -> list[float]:
+        out = [parity_reward(c) for c in completions]
+        rewards.append(sum(out) / len(out))
+        scored.append(len(out))
+        lengths.append(sum(map(len, completion_ids)) / len(completion_ids))
+        return out
+
+    model = AutoModelForCausalLM.from_pretrained(o["model_dir"], dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(o["model_dir"])
+    data = Dataset.from_list([{"prompt": r["question"]} for r in addition.problems("train")])
+    with tempfile.TemporaryDirectory() as tmp:
+        args = GRPOConfig(
+            output_dir=tmp,
+            per_device_train_batch_size=batch // m,
+            gradient_accumulation_steps=1,
+            steps_per_generation=m,
+            num_iterations=1,
+            num_generations=o["n"],
+            max_completion_length=o["max_new"],
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
+            beta=0.0,
+            epsilon=0.2,
+            loss_type=o["trl_loss"],
+            scale_rewards="group",
+            learning_rate=o["lr"],
+            lr_scheduler_type="constant",
+            warmup_steps=0,
+            weight_decay=0.0,
+            max_grad_norm=1.0,
+            optim="adamw_torch",
+            max_steps=total_steps,
+            logging_steps=m,
+            save_strategy="no",
+            report_to="none",
+            use_cpu=True,
+            bf16=False,
+            seed=o["seed"],
+            disable_tqdm=True,
+            dataloader_num_workers=0,
+            use_vllm=False,
+        )
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=[reward],
+            args=args,
+            train_dataset=data,
+            processing_class=tokenizer,
+            callbacks=[Clock()],
+        )
+        trainer.train()
+    if len(marks) != total_steps + 1:
+        raise RuntimeError(f"expected {total_steps + 1} step marks, got {len(marks)}")
+    cycles = [
+        (marks[(k + 1) * m][0] - marks[k * m][0], marks[(k + 1) * m][1] - marks[k * m][1])
+        for k in range(o["warmup"] + o["steps"])
+    ][o["warmup"] :]
+    return {
+        "wall": [w for w, _ in cycles],
+        "user": [u for _, u in cycles],
+        "reward": median(rewards[o["warmup"] :]),
+        "completions": median(scored),
+        "len": median(lengths[o["warmup"] :]),
+        "versions": f"trl {trl.__version__}, transformers {transformers.__version__}, torch {torch.__version__}",
+        **_memory(mem["rss_before"]),
+    }
+
+
+def child(o: dict) -> None:
+    res = run_trl(o) if o["side"] == "trl" else run_troll(o, "troll" if o["side"] == "troll" else "ppo_clip")
+    print("RESULT " + json.dumps(res), flush=True)
+
+
+def spawn(o: dict) -> dict:
+    proc = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--child", json.dumps(o)], capture_output=True, text=True
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-8000:])
+        raise SystemExit(f"side {o['side']} failed (exit {proc.returncode}); its output is above")
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=4, help="each round runs every side once, in a fresh process")
+    ap.add_argument("--steps", type=int, default=8, help="measured RL steps per process")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed RL steps first, per process")
+    ap.add_argument("--prompts", type=int, default=32, help="prompts per RL step")
+    ap.add_argument("--n", type=int, default=8, help="samples per prompt (num_generations)")
+    ap.add_argument("--max_new", type=int, default=5, help="max new tokens (max_completion_length)")
+    ap.add_argument("--minibatches", type=int, default=1, help="optimiser steps per RL step")
+    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--trl_loss", default="dapo", choices=["dapo", "grpo", "bnpo", "dr_grpo"])
+    ap.add_argument("--sides", default=",".join(SIDES), help=f"comma-separated subset of {SIDES}")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        return child(json.loads(a.child))
+
+    if importlib.util.find_spec("trl") is None:
+        raise SystemExit(f"trl is not importable by {sys.executable}. Install it into a separate venv:\n  {INSTALL}")
+    if not os.access("/proc/self/clear_refs", os.W_OK):
+        raise SystemExit("peak memory needs a writable /proc/self/clear_refs (Linux)")
+    sides = [s for s in a.sides.split(",") if s]
+    if "troll" not in sides or "trl" not in sides or any(s not in SIDES for s in sides):
+        raise SystemExit(f"--sides must hold troll and trl, from {SIDES}")
+    if (a.prompts * a.n) % a.minibatches:
+        raise SystemExit("prompts * n must be divisible by minibatches")
+
+    import torch
+
+    from troll.config import Config
+    from troll.tiny import save_tiny
+    from troll.train import build_model
+
+    cfg = Config.from_args(["--preset", "tiny-cpu", "--seed", str(a.seed)])
+    with tempfile.TemporaryDirectory() as model_dir:
+        torch.manual_seed(cfg.seed)
+        model, tokenizer = build_model(cfg, torch.device("cpu"))
+        save_tiny(model, tokenizer, model_dir)
+        n_params = sum(p.numel() for p in model.parameters())
+        del model
+        print(
+            f"model: tiny Llama {n_params / 1e6:.2f}M parameters, vocab {len(tokenizer)}, float32, cpu; "
+            f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}, torch threads {torch.get_num_threads()}"
+        )
+        print(
+            f"RL step: {a.prompts} prompts x {a.n} samples x <= {a.max_new} tokens, {a.minibatches} optimiser "
+            f"step(s) of {a.prompts * a.n // a.minibatches} completions, lr {a.lr}, reward parity; TRL loss_type "
+            f"{a.trl_loss}; {a.rounds} rounds x ({a.warmup} warm-up + {a.steps} measured) steps per side"
+        )
+        base = {k: getattr(a, k) for k in ("steps", "warmup", "prompts", "n", "max_new", "minibatches", "lr")}
+        base |= {"trl_loss": a.trl_loss, "seed": a.seed, "model_dir": model_dir}
+        runs: dict[str, list[dict]] = {s: [] for s in sides}
+        for r in range(a.rounds):
+            order = sides[r % len(sides) :] + sides[: r % len(sides)]
+            for side in order:
+                t0 = time.perf_counter()
+                res = spawn(base | {"side": side})
+                runs[side].append(res)
+                print(
+                    f"  round {r + 1} {side:10s}: step median {median(res['wall']):.3f} s (cpu user "
+                    f"{median(res['user']):.3f} s), peak RSS {res['maxrss'] / MB:.0f} MB; {res['completions']} "
+                    f"completions/step, mean length {res['len']:.2f}, reward {res['reward']:.2f}; "
+                    f"process {time.perf_counter() - t0:.0f} s"
+                )
+
+    print(f"TRL: {runs['trl'][0]['versions']}")
+    print(
+        f"\n{'side':10s} {'step s':>7s} {'(min)':>6s} {'cpu user s':>10s} | {'peak RSS MB':>11s} "
+        f"{'before steps':>12s} {'peak in steps':>13s} {'growth':>6s}"
+    )
+    med = {}
+    for side, rs in runs.items():
+        walls = [w for res in rs for w in res["wall"]]
+        md = {
+            "wall": median(walls),
+            "growth": median(res["hwm_steps"] - res["rss_before"] for res in rs),
+            "min": min(walls),
+            "user": median(u for res in rs for u in res["user"]),
+            **{k: median(res[k] for res in rs) for k in ("maxrss", "rss_before", "hwm_steps")},
+        }
+        med[side] = md
+        print(
+            f"{side:10s} {md['wall']:7.3f} {md['min']:6.3f} {md['user']:10.3f} | {md['maxrss'] / MB:11.0f} "
+            f"{md['rss_before'] / MB:12.0f} {md['hwm_steps'] / MB:13.0f} {md['growth'] / MB:6.0f}"
+        )
+
+    def paired(side: str, key: str) -> float:
+        return median(ratio(median(x[key]), median(y[key])) for x, y in zip(runs[side], runs["trl"], strict=True))
+
+    for side in [s for s in sides if s != "trl"]:
+        print(
+            f"{side}/trl: step {paired(side, 'wall'):.2f}x (paired), cpu user {paired(side, 'user'):.2f}x, peak RSS "
+            f"{ratio(med[side]['maxrss'], med['trl']['maxrss']):.2f}x, peak during steps "
+            f"{ratio(med[side]['hwm_steps'], med['trl']['hwm_steps']):.2f}x, growth during steps "
+            f"{ratio(med[side]['growth'], med['trl']['growth']):.2f}x"
+        )
+    t, x = med["troll"], med["trl"]
+    verdict = "met" if paired("troll", "wall") <= 1.0 else "NOT met"
+    print(
+        f"SUMMARY trl_compare: troll step {t['wall']:.2f}s vs TRL {x['wall']:.2f}s "
+        f"(ratio {paired('troll', 'wall'):.2f}x, cpu user {paired('troll', 'user'):.2f}x; target <= 1.00x: "
+        f"{verdict}), peak memory troll "
+        f"{t['maxrss'] / MB:.0f} MB vs TRL {x['maxrss'] / MB:.0f} MB ({ratio(t['maxrss'], x['maxrss']):.2f}x)"
+    )
+
+
+if __name__ == "__main__":
+    main()
