@@ -227,3 +227,14 @@ def test_vllm_seeded_batch_with_chunked_prefill(engine, tiny):
     a = engine.generate(prompts, n=1, max_new_tokens=2, seed=6)
     b = engine.generate(prompts, n=1, max_new_tokens=2, seed=6)
     assert a.completion_ids.shape == (40, 2) and torch.equal(a.completion_ids, b.completion_ids)
+
+
+def test_vllm_greedy_equals_transformers_greedy(tiny, engine, model):
+    """The engine's greedy decoding (used for evaluation during training) matches transformers' greedy."""
+    from troll.evaluate import decode, greedy_hf
+
+    _, tok, prompts = tiny
+    engine.push_weights(model)
+    ids = engine.greedy(prompts, 12)
+    assert [decode(tok, x) for x in ids] == greedy_hf(model, tok, prompts, 12)
+    assert all(len(x) <= 12 for x in ids)

@@ -89,9 +89,10 @@ def test_vllm_backend_two_steps(tmp_path, monkeypatch, varied_reward):
     pytest.importorskip("vllm")
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-    train(tiny(tmp_path, backend="vllm", old_policy="behaviour", k=8))
+    train(tiny(tmp_path, backend="vllm", old_policy="behaviour", k=8, eval_every=1))  # evaluation runs on the engine
     m = rows(tmp_path / "run")
     assert len(m) == 2 and m[1]["time_sync"] > 0 and math.isfinite(m[1]["policy"])
+    assert all(0.0 <= r["eval_acc"] <= 1.0 for r in m)
 
 
 def test_resume_equals_uninterrupted(tmp_path, varied_reward):

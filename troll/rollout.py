@@ -552,6 +552,20 @@ class VLLMGenerator:
             )
         return err
 
+    def greedy(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+        """Greedy completions (token ids, a final EOS included) with the current weights: for evaluation."""
+        _check_request(prompts, 1, max_new_tokens, 1.0, 0, self.vocab_size, self.max_model_len)
+        if self._weights_lost:
+            raise RuntimeError("the engine slept at level 2 and lost its weights: call push_weights(model) first")
+        vllm = import_vllm()
+        params = vllm.SamplingParams(
+            temperature=0.0, max_tokens=max_new_tokens, stop_token_ids=self.eos_token_ids, detokenize=False
+        )
+        self._wake()
+        outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
+        self._sleep()
+        return [list(o.outputs[0].token_ids) for o in outs]
+
     def generate(
         self,
         prompts: list[list[int]],

@@ -286,9 +286,14 @@ def merge_metrics(logs: list[tuple[float, dict[str, float]]]) -> dict[str, float
     return out
 
 
-def evaluate(cfg: Config, model: Any, tokenizer: Any, task: Task) -> tuple[float, list[dict]]:
+def evaluate(cfg: Config, model: Any, tokenizer: Any, task: Task, generator: Any = None) -> tuple[float, list[dict]]:
+    """Greedy pass@1 on the held-out problems: with the vLLM engine when there is one, else transformers."""
     prompts = encode(tokenizer, [task.prompt(r["question"]) for r in task.test])
-    return score(task.test, greedy_hf(model, tokenizer, prompts, cfg.max_new_tokens), task.reward)
+    if hasattr(generator, "greedy"):
+        completions = [decode(tokenizer, ids) for ids in generator.greedy(prompts, cfg.max_new_tokens)]
+    else:
+        completions = greedy_hf(model, tokenizer, prompts, cfg.max_new_tokens)
+    return score(task.test, completions, task.reward)
 
 
 def sft_warmstart(cfg: Config, model: Any, tokenizer: Any, task: Task) -> float:
@@ -372,7 +377,7 @@ def train(cfg: Config) -> dict:
         row = rl_step(cfg, step, model, tokenizer, generator, opt, sched, task, vocab, device)
         state["skipped_steps"] += row["skipped"]
         if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
-            eval_after, samples = evaluate(cfg, model, tokenizer, task)
+            eval_after, samples = evaluate(cfg, model, tokenizer, task, generator)
             row["eval_acc"] = eval_after
             log_samples(out, step + 1, samples, cfg.samples_to_log)
         with open(metrics_path, "a") as f:
