@@ -6,7 +6,7 @@ Every field is a flag (`--lr 1e-6`, `--bf16 true`). A preset sets a group of fie
 The resolved config is written to `<out>/config.json` and `--resume` reads it back from there.
 
 Presets:
-    tiny-cpu            2-digit addition, a 0.8M-parameter Llama built locally, 250 supervised warm-start steps
+    tiny-cpu            2-digit addition, a 0.6M-parameter Llama built locally, 250 supervised warm-start steps
                         (held-out greedy accuracy ~0.27), then 100 RL steps on two CPU cores in about a minute
                         (README's main command).
     gsm8k-qwen2.5-0.5b  GSM8K on one 24-80 GB GPU: the paper's defaults (ALGORITHM.md section 7) scaled down:

@@ -19,7 +19,7 @@ Choices, stated once:
   optimiser, scheduler, step) and checkpoints/latest, summary.json (eval_before, eval_after, wall-clock).
   A checkpoint is written to a temporary folder and renamed into place, and `latest` is replaced
   atomically, so a crash during a save never damages the last good checkpoint. The last two are kept.
-- `tiny-cpu` builds a 0.8M-parameter Llama and a byte-level tokenizer locally, warm-starts it with a few
+- `tiny-cpu` builds a 0.6M-parameter Llama and a byte-level tokenizer locally, warm-starts it with a few
   hundred supervised steps on addition, then runs RL; evaluation is greedy pass@1 on held-out problems.
 """
 
