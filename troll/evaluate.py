@@ -22,7 +22,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import GenerationConfig, LogitsProcessorList
 
-from troll.rollout import MaskPaddedVocab, check_vocab, import_vllm
+from troll.rollout import MaskPaddedVocab, check_vocab, import_vllm, left_pad
 
 
 def encode(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
@@ -52,15 +52,11 @@ def greedy_hf(
     try:
         for i in range(0, len(prompts), batch_size):
             chunk = prompts[i : i + batch_size]
-            width = max(len(p) for p in chunk)
-            ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-            attn = torch.zeros_like(ids)
-            for j, p in enumerate(chunk):
-                ids[j, width - len(p) :] = torch.as_tensor(p)
-                attn[j, width - len(p) :] = 1
+            ids, attn = left_pad(chunk, pad)
+            width = ids.shape[1]
             seq = model.generate(
                 input_ids=ids.to(device),
-                attention_mask=attn.to(device),
+                attention_mask=attn.long().to(device),
                 generation_config=config,
                 logits_processor=LogitsProcessorList([MaskPaddedVocab(len(tokenizer))]),
             )
@@ -80,11 +76,19 @@ def greedy_vllm(
     vllm = import_vllm()
     padded = AutoConfig.from_pretrained(model_path).get_text_config().vocab_size > len(tokenizer)
     llm = vllm.LLM(
-        model=model_path, skip_tokenizer_init=True, generation_config="vllm", seed=0, dtype=dtype,
-        max_model_len=max(len(p) for p in prompts) + max_new_tokens, enforce_eager=not torch.cuda.is_available(),
+        model=model_path,
+        skip_tokenizer_init=True,
+        generation_config="vllm",
+        seed=0,
+        dtype=dtype,
+        max_model_len=max(len(p) for p in prompts) + max_new_tokens,
+        enforce_eager=not torch.cuda.is_available(),
     )
     params = vllm.SamplingParams(
-        temperature=0.0, max_tokens=max_new_tokens, detokenize=False, stop_token_ids=[tokenizer.eos_token_id],
+        temperature=0.0,
+        max_tokens=max_new_tokens,
+        detokenize=False,
+        stop_token_ids=[tokenizer.eos_token_id],
         allowed_token_ids=list(range(len(tokenizer))) if padded else None,  # padded output rows never win
     )
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=True)

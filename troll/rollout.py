@@ -168,6 +168,17 @@ def check_vocab(tokenizer_size: int, model_vocab: int) -> None:
         )
 
 
+def left_pad(prompt_ids: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[Tensor, Tensor]:
+    """Left-padded prompts: ([B, P] ids, [B, P] bool attention mask), P = the longest prompt."""
+    P = max(len(p) for p in prompt_ids)
+    ids = torch.full((len(prompt_ids), P), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(prompt_ids), P), dtype=torch.bool)
+    for b, p in enumerate(prompt_ids):
+        ids[b, P - len(p) :] = torch.as_tensor(p, dtype=torch.long)
+        attn[b, P - len(p) :] = True
+    return ids, attn
+
+
 def pack(prompt_ids: Sequence[Sequence[int]], completion_ids: Tensor, pad_id: int = 0) -> tuple[Tensor, Tensor]:
     """Left-pad prompts, append right-padded completions: ([B, P+T] ids, [B, P+T] bool attention mask).
 
@@ -175,15 +186,10 @@ def pack(prompt_ids: Sequence[Sequence[int]], completion_ids: Tensor, pad_id: in
     Padding inside completions is not masked here (it comes after every real token, so causal
     attention never sees it from a real position); callers use `completion_mask` on the outputs.
     """
-    B, T = completion_ids.shape
-    P = max(len(p) for p in prompt_ids)
-    ids = torch.full((B, P + T), pad_id, dtype=torch.long)
-    attn = torch.zeros((B, P + T), dtype=torch.bool)
-    for b, p in enumerate(prompt_ids):
-        ids[b, P - len(p) : P] = torch.as_tensor(p, dtype=torch.long)
-        attn[b, P - len(p) :] = True
-    ids[:, P:] = completion_ids
-    return ids, attn
+    ids, attn = left_pad(prompt_ids, pad_id)
+    return torch.cat([ids, completion_ids], -1), torch.cat(
+        [attn, torch.ones_like(completion_ids, dtype=torch.bool)], -1
+    )
 
 
 def completion_logits(
@@ -338,12 +344,8 @@ class HFGenerator:
         """Sample n completions per prompt; see the module docstring for the result layout."""
         _check_request(prompts, n, max_new_tokens, temperature, top_k_logprobs, self.vocab_size, self.max_model_len)
         device = next(self.model.parameters()).device
-        P = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), P), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((len(prompts), P), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            ids[i, P - len(p) :] = torch.as_tensor(p)
-            attn[i, P - len(p) :] = 1
+        ids, attn = left_pad(prompts, self.pad_id)
+        P = ids.shape[1]
         config = GenerationConfig(
             do_sample=True,
             temperature=temperature,
@@ -365,7 +367,7 @@ class HFGenerator:
                     torch.manual_seed(seed)
                 out = self.model.generate(
                     input_ids=ids.to(device),
-                    attention_mask=attn.to(device),
+                    attention_mask=attn.long().to(device),
                     generation_config=config,
                     logits_processor=LogitsProcessorList([MaskPaddedVocab(self.vocab_size)]),
                 )
