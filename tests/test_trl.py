@@ -1,0 +1,215 @@
+"""troll.integrations.trl: TROLL inside TRL's GRPOTrainer, on CPU with a tiny local model.
+
+The loss test is the contract: on one generated batch, with the model moved away from the policy that produced it,
+`TROLLGRPOTrainer.compute_loss` equals `troll.losses.troll_loss` computed here from the same completions
+(`completion_logits` on unpadded prompts, q from a copy of the generating weights), in value and in gradient, for
+every supported loss type and GSPO's sequence level.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from datasets import Dataset
+
+from troll import addition
+from troll.integrations.trl import TRL_VERSIONS, TROLLConfig, TROLLGRPOTrainer, check_trl_version
+from troll.losses import troll_loss
+from troll.rollout import completion_logits
+from troll.sparse import sparsify
+from troll.tiny import tiny_llama, train_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+EPS = 0.05
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_tokenizer(addition.corpus(), vocab_size=300)
+
+
+def parity(completions: list[str], **_: object) -> list[float]:
+    """A coin-flip reward on an untrained model, so every group has real advantages."""
+    return [float(sum(map(ord, c)) % 2) for c in completions]
+
+
+def make_trainer(tokenizer, tmp_path: Path, **overrides) -> TROLLGRPOTrainer:
+    settings = dict(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=6,
+        temperature=0.7,
+        learning_rate=1e-2,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=0,
+        troll_eps=EPS,
+        bf16=False,  # TRL's default is bf16 autocast, also on CPU; float32 here for exact comparisons
+    )
+    data = Dataset.from_list([{"prompt": r["question"]} for r in addition.problems("train")[:64]])
+    return TROLLGRPOTrainer(
+        model=tiny_llama(tokenizer, hidden=64, layers=2, heads=2, seed=0),
+        reward_funcs=[parity],
+        args=TROLLConfig(**(settings | overrides)),
+        train_dataset=data,
+        processing_class=tokenizer,
+    )
+
+
+@pytest.mark.parametrize(
+    ("loss_type", "level", "agg"),
+    [
+        ("dapo", "token", "token-mean"),
+        ("bnpo", "token", "token-mean"),
+        ("grpo", "token", "seq-mean-token-mean"),
+        ("dr_grpo", "token", "seq-mean-token-sum-norm"),
+        ("dapo", "sequence", "token-mean"),
+    ],
+)
+def test_loss_equals_troll_loss(tokenizer, tmp_path, loss_type, level, agg):
+    trainer = make_trainer(tokenizer, tmp_path, loss_type=loss_type, importance_sampling_level=level)
+    model = trainer.model
+    model.train()
+    torch.manual_seed(1)
+    prompts = [r["question"] for r in addition.problems("train")[:2]]
+    batch = trainer._generate_and_score_completions([{"prompt": p} for p in prompts for _ in range(4)])
+    unpadded = [ids[m.bool()].tolist() for ids, m in zip(batch["prompt_ids"], batch["prompt_mask"], strict=True)]
+    comp, mask = batch["completion_ids"], batch["completion_mask"].bool()
+    V = model.config.vocab_size
+    with torch.no_grad():
+        q_logits = completion_logits(model, unpadded, comp, 0.7, V)  # the weights that generated the batch
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+
+    loss = trainer.compute_loss(model, batch)
+    loss.backward()
+    got = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+
+    old = sparsify(q_logits.flatten(0, 1), comp.flatten(), k=64, delta=1e-5)
+    want, metrics = troll_loss(
+        completion_logits(model, unpadded, comp, 0.7, V),
+        comp,
+        mask,
+        batch["advantages"],
+        old,
+        eps=EPS,
+        agg=agg,
+        norm_len=6,
+        level=level,
+    )
+    assert batch["num_items_in_batch"] == mask.sum()  # so TRL's dapo normaliser is troll's token mean here
+    want.backward()
+
+    assert metrics["frac_active"] > 0.1 and metrics["kl_before_max"] > EPS  # the trust region binds
+    torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-7)
+    for g, p in zip(got, model.parameters(), strict=True):
+        torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-7)
+    logged = trainer._metrics["train"]
+    assert logged["troll/kl_after_max"] == [pytest.approx(metrics["kl_after_max"])]
+    assert logged["troll/frac_active"] == [pytest.approx(metrics["frac_active"])]
+
+
+def test_a_few_steps_train_within_the_region(tokenizer, tmp_path):
+    trainer = make_trainer(tokenizer, tmp_path, max_steps=4, num_iterations=2)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert len(logs) == 4 and all(torch.isfinite(torch.tensor(h["loss"])) for h in logs)
+    # the second pass over each batch starts outside the region and is projected back onto it
+    assert max(h["troll/kl_before_max"] for h in logs) > EPS
+    assert max(h["troll/frac_active"] for h in logs) > 0
+    assert all(h["troll/kl_after_max"] <= EPS + 1e-5 for h in logs)
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(), strict=True))
+
+
+def test_version_range_is_enforced():
+    check_trl_version("1.16.0")
+    for bad in ("1.15.2", "1.17.0", "2.0.0"):
+        with pytest.raises(ImportError, match=f"trl{TRL_VERSIONS}.*found trl {bad}.*pip install"):
+            check_trl_version(bad)
+    with pytest.raises(ImportError, match="needs TRL: pip install"):
+        check_trl_version(None)
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        ("beta", 0.04),
+        ("loss_type", "cispo"),
+        ("top_entropy_quantile", 0.2),
+        ("entropy_coef", 0.01),
+        ("off_policy_mask_threshold", 0.5),
+        ("vllm_importance_sampling_correction", True),
+        ("troll_eps", 0.0),
+    ],
+)
+def test_incompatible_settings_raise(tmp_path, setting, value):
+    with pytest.raises(ValueError, match=setting):
+        TROLLConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, **{setting: value})
+
+
+def test_needs_a_troll_config(tokenizer, tmp_path):
+    from trl import GRPOConfig
+
+    with pytest.raises(TypeError, match="TROLLConfig"):
+        TROLLGRPOTrainer(
+            model=tiny_llama(tokenizer, hidden=64, layers=2, heads=2),
+            reward_funcs=[parity],
+            args=GRPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True),
+            train_dataset=Dataset.from_list([{"prompt": "1+2="}]),
+            processing_class=tokenizer,
+        )
+
+
+WORKER = """
+import json, runpy, sys
+import torch
+main = runpy.run_path(sys.argv[1])["main"]
+trainer = main(sys.argv[3:])
+acc = trainer.accelerator
+flat = torch.cat([p.detach().flatten() for p in trainer.model.parameters()])
+logs = [h for h in trainer.state.log_history if "loss" in h]
+out = {"rank": acc.process_index, "world": acc.num_processes, "backend": str(acc.state.backend),
+       "prompts": [trainer._buffered_inputs[0]["prompt_ids"].tolist()],
+       "params": flat.double().sum().item(), "params_sq": flat.double().square().sum().item(),
+       "kl_after_max": [h["troll/kl_after_max"] for h in logs],
+       "kl_before_max": [h["troll/kl_before_max"] for h in logs]}
+with open(f"{sys.argv[2]}/rank{acc.process_index}.json", "w") as f:
+    json.dump(out, f)
+"""
+
+
+def test_two_processes_gloo(tmp_path, gsm8k_dir):
+    """`accelerate launch --multi_gpu --num_processes 2` of the example script with --use_cpu: torchrun starts two
+    processes, accelerate picks DDP over gloo; the ranks train on different prompts and end with identical weights.
+    (`accelerate launch --cpu --num_processes 2` would start one process: its multi-CPU path needs mpirun.)"""
+    worker = tmp_path / "worker.py"
+    worker.write_text(WORKER)
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
+    cmd += ["--num_machines", "1"]
+    cmd += ["--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29517", str(worker)]
+    cmd += [str(ROOT / "examples" / "trl_gsm8k.py"), str(tmp_path), "--tiny", "--data", str(gsm8k_dir)]
+    cmd += ["--limit", "32", "--max_steps", "2", "--use_cpu", "--output_dir", str(tmp_path / "run")]
+    cmd += ["--max_completion_length", "8", "--num_generations", "4", "--per_device_train_batch_size", "4"]
+    cmd += ["--num_iterations", "2", "--learning_rate", "1e-2", "--disable_tqdm", "true", "--save_strategy", "no"]
+    cmd += ["--bf16", "false"]
+    env = os.environ | {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["world"] for r in ranks] == [2, 2] and ranks[0]["backend"] == "gloo"
+    assert ranks[0]["prompts"] != ranks[1]["prompts"]
+    assert ranks[0]["params"] == ranks[1]["params"] and ranks[0]["params_sq"] == ranks[1]["params_sq"]
+    assert max(ranks[0]["kl_before_max"]) > EPS and max(ranks[0]["kl_after_max"]) <= EPS + 1e-5
+    assert (tmp_path / "run" / "final" / "model.safetensors").exists()
