@@ -22,6 +22,9 @@ Matching settings (defaults = the tiny-cpu preset; flags --prompts --n --max_new
                  gradient_accumulation_steps = 1, num_iterations = 1, so it generates once per M optimiser steps;
   old policy   = troll always recomputes it (`--old_policy recompute`: one no-grad forward over the batch).
                  TRL computes it only when M > 1 (with M = 1 it uses the detached current log-probs, ratio = 1);
+  sides        = troll (troll.train, TROLL), troll_clip (troll.train, PPO-clip), trl (GRPOTrainer, its clipped loss),
+                 trl_troll (TROLLGRPOTrainer of troll/integrations/trl.py: TRL's step with TROLL's old-policy pass and
+                 loss, eps 0.05, K 64; it always recomputes q, also when M = 1);
   loss         = troll: `--loss troll` (and `ppo_clip` as a second troll side); TRL: the clipped surrogate
                  min(r A, clip(r, 0.8, 1.2) A), beta = 0 (no reference model), loss_type "dapo" (token mean over
                  the batch, as troll's `--agg token-mean`; `--trl_loss grpo` for per-sequence means), GRPO
@@ -65,7 +68,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported 
 from _util import cpu_user, median, parity_reward, ratio  # noqa: E402
 
 INSTALL = "pip install -r requirements.txt  (it holds trl>=1.16,<1.17)"
-SIDES = ("troll", "troll_clip", "trl")
+SIDES = ("troll", "troll_clip", "trl", "trl_troll")
 MB = 2**20
 
 
@@ -128,7 +131,7 @@ def run_troll(o: dict, loss: str) -> dict:
     }
 
 
-def run_trl(o: dict) -> dict:
+def run_trl(o: dict, with_troll: bool = False) -> dict:
     import torch
     import transformers
     import trl
@@ -137,6 +140,11 @@ def run_trl(o: dict) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     from troll import addition
+
+    config_cls, trainer_cls = GRPOConfig, GRPOTrainer  # TRL's own clipped loss
+    if with_troll:  # TROLL's loss inside TRL (troll/integrations/trl.py), defaults eps 0.05, K 64
+        from troll.integrations.trl import TROLLConfig as config_cls
+        from troll.integrations.trl import TROLLGRPOTrainer as trainer_cls
 
     m, batch = o["minibatches"], o["prompts"] * o["n"]
     total_steps = (o["warmup"] + o["steps"]) * m
@@ -165,7 +173,7 @@ def run_trl(o: dict) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(o["model_dir"])
     data = Dataset.from_list([{"prompt": r["question"]} for r in addition.problems("train")])
     with tempfile.TemporaryDirectory() as tmp:
-        args = GRPOConfig(
+        args = config_cls(
             output_dir=tmp,
             per_device_train_batch_size=batch // m,
             gradient_accumulation_steps=1,
@@ -197,7 +205,7 @@ def run_trl(o: dict) -> dict:
             dataloader_num_workers=0,
             use_vllm=False,
         )
-        trainer = GRPOTrainer(
+        trainer = trainer_cls(
             model=model,
             reward_funcs=[reward],
             args=args,
@@ -224,7 +232,10 @@ def run_trl(o: dict) -> dict:
 
 
 def child(o: dict) -> None:
-    res = run_trl(o) if o["side"] == "trl" else run_troll(o, "troll" if o["side"] == "troll" else "ppo_clip")
+    if o["side"].startswith("trl"):
+        res = run_trl(o, with_troll=o["side"] == "trl_troll")
+    else:
+        res = run_troll(o, "troll" if o["side"] == "troll" else "ppo_clip")
     print("RESULT " + json.dumps(res), flush=True)
 
 
