@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -213,3 +214,9 @@ def test_two_processes_gloo(tmp_path, gsm8k_dir):
     assert ranks[0]["params"] == ranks[1]["params"] and ranks[0]["params_sq"] == ranks[1]["params_sq"]
     assert max(ranks[0]["kl_before_max"]) > EPS and max(ranks[0]["kl_after_max"]) <= EPS + 1e-5
     assert (tmp_path / "run" / "final" / "model.safetensors").exists()
+
+
+def test_example_reward_reads_text_and_chat_completions():
+    correctness = runpy.run_path(str(ROOT / "examples" / "trl_gsm8k.py"))["correctness"]
+    chat = [{"role": "assistant", "content": "3 + 1 = 4\n#### 4"}]
+    assert correctness([chat, "#### 5", "so 1,200 apples"], gold=["4", "4", "1200"]) == [1.0, 0.0, 1.0]
