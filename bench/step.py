@@ -6,23 +6,26 @@
 
 What is timed: `troll.train.rl_step`, the function the training loop calls, unchanged: sample
 prompts_per_step x samples_per_prompt completions (`make_generator`: transformers `generate`, or vLLM), decode
-and reward them, GRPO advantages, the old-policy pass (`--old_policy recompute`: a no-grad forward + sparsify),
+and reward them, GRPO advantages, the old-policy pass (`--old_policy recompute`: a no-grad forward + sparsify
+of the samples outside the first minibatch, whose own forward gives theirs: `train.old_policy_from_forward`),
 `minibatches` optimiser steps (forward, loss, backward, AdamW), and the weight push (a no-op with HF). The
 phase times are the ones `rl_step` returns (time_generate, time_score, time_old_policy, time_update,
 time_sync); total = their sum. The only difference between the variants is `cfg.loss` (troll / ppo_clip).
+Inside the update, the loss functions' forward (`troll_loss` / `ppo_clip`, not their backward) is also timed
+(wall and CPU user), to show how much of the difference is the loss itself.
 
 Setup: `Config.from_args(["--preset", "tiny-cpu", "--sft_steps", "0", ...])` (every other flag of the command
-line is passed through to it, e.g. `--prompts_per_step 16 --k 32`): the 0.8M-parameter tiny Llama built
+line is passed through to it, e.g. `--prompts_per_step 16 --k 32`): the 0.59M-parameter tiny Llama built
 locally (`build_model`), 32 prompts x 8 samples x at most 5 new tokens, 2 minibatches, lr 1e-4, K 64,
 eps 0.05, clip 0.2. No supervised warm-start by default, so the addition reward would be 0 everywhere (every
 advantage 0): the task's reward is replaced by `_util.parity_reward` (1.0 when the sum of the completion's
 code points is odd; `--reward odd_length` for odd-length completions), about a coin flip per sample, so the
 update has real gradients. Caveat: the untrained model is near-uniform over its 260 tokens, so the K = 64
-sparse supports hold only ~1/4 of the mass. After the first optimiser step the top-64 sets of old and new policy
-differ by near-ties, and TROLL projects about half the tokens (a trained model: well under 1%), the expensive
-case for its solver; and PPO-clip's ratio p(y) / q(y) (exact p, sparse renormalised q) sits near 0.3 even at
-identical weights, so about half its tokens (those with A < 0) count as clipped. Neither changes the amount of
-arithmetic much, but `--sft_steps 250` measures a peaked (warm-started) model as well.
+sparse supports hold only ~1/4 of the mass. In the first minibatch old and new policy are identical and nothing
+is projected; after the first optimiser step the top-64 sets of old and new policy differ by near-ties, and
+TROLL projects nearly every token of the second minibatch (about 40% of the step's; a trained model: well
+under 1%), the expensive case for its solver. PPO-clip's ratio p(y) / q(y) is exact on both sides, so it clips
+almost nothing here. `--sft_steps 250` measures a peaked (warm-started) model as well.
 
 Pairing: every round starts both variants from the same weights, optimiser and scheduler state (restored
 from a snapshot, untimed; with vLLM the restored weights are pushed to the engine, untimed) and the same step
@@ -64,26 +67,39 @@ VARIANTS = {"troll": "troll", "clip": "ppo_clip"}
 
 
 class PhaseClock:
-    """CPU user seconds spent inside the phase functions `rl_step` calls (score = step total minus the rest)."""
+    """CPU user seconds spent inside the phase functions `rl_step` calls (score = step total minus the rest),
+    and wall + CPU user seconds inside the loss functions' forward (phase "loss", part of "update")."""
 
     def __init__(self, generator) -> None:
         self.cpu: dict[str, float] = {}
+        self.wall: dict[str, float] = {}
         self._wrap(train, "old_policy", "old_policy")
         self._wrap(train, "update", "update")
         self._wrap(generator, "generate", "generate")
         self._wrap(generator, "push_weights", "sync")
+        for loss in VARIANTS.values():
+            self._wrap(train.LOSSES, loss, "loss")
+
+    def clear(self) -> None:
+        self.cpu.clear()
+        self.wall.clear()
 
     def _wrap(self, owner, attr: str, phase: str) -> None:
-        fn = getattr(owner, attr)
+        get, put = (owner.get, owner.__setitem__) if isinstance(owner, dict) else (owner.__getattribute__, None)
+        fn = get(attr)
 
         def timed(*args, **kwargs):
-            u = cpu_user()
+            u, t = cpu_user(), time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
                 self.cpu[phase] = self.cpu.get(phase, 0.0) + cpu_user() - u
+                self.wall[phase] = self.wall.get(phase, 0.0) + time.perf_counter() - t
 
-        setattr(owner, attr, timed)
+        if put is None:
+            setattr(owner, attr, timed)
+        else:
+            put(attr, timed)
 
 
 def snapshot(model, opt, sched) -> dict:
@@ -150,7 +166,7 @@ def main() -> None:
             restore(snap, model, opt, sched)
             if not engine_fresh:
                 generator.push_weights(model)  # untimed: put the round's starting weights back into the engine
-            clock.cpu.clear()
+            clock.clear()
             u = cpu_user()
             row = train.rl_step(
                 dataclasses.replace(cfg, loss=VARIANTS[name]),
@@ -170,6 +186,7 @@ def main() -> None:
             cpu["score"] = user - sum(v for p, v in cpu.items() if p != "score")
             m = {p: row[f"time_{p}"] for p in PHASES}
             m |= {"total": sum(m.values()), "user": user, **{f"user_{p}": cpu[p] for p in PHASES}}
+            m |= {"loss": clock.wall.get("loss", 0.0), "user_loss": clock.cpu.get("loss", 0.0)}
             m |= {k: row.get(k, float("nan")) for k in ("reward", "frac_active", "dual_iters_mean", "grad_norm")}
             if r >= a.warmup:
                 runs[name].append(m)
@@ -202,10 +219,12 @@ def main() -> None:
         f"paired (median over rounds of the within-round ratio): total {paired['total']:.2f}x, update "
         f"{paired['update']:.2f}x; cpu user: step {paired['user']:.2f}x, update {paired['user_update']:.2f}x"
     )
+    t, c = med["troll"], med["clip"]
     print(
-        f"update share of the step: troll {med['troll']['update'] / med['troll']['total']:.0%}, clip "
-        f"{med['clip']['update'] / med['clip']['total']:.0%}; update extra per step "
-        f"{med['troll']['update'] - med['clip']['update']:+.3f} s"
+        f"update share of the step: troll {t['update'] / t['total']:.0%}, clip {c['update'] / c['total']:.0%}; "
+        f"update extra per step {t['update'] - c['update']:+.3f} s, of which the loss forward "
+        f"{t['loss'] - c['loss']:+.3f} s (loss forward per step, wall / cpu user: troll {t['loss']:.3f} / "
+        f"{t['user_loss']:.3f} s, clip {c['loss']:.3f} / {c['user_loss']:.3f} s)"
     )
     print(
         f"signal: reward mean {med['troll']['reward']:.2f}; tokens projected (troll) "

@@ -158,6 +158,8 @@ def test_gsm8k_preset_one_step_with_a_local_stand_in(tmp_path, gsm8k_dir):
         ]
     )
     assert cfg.chat and cfg.task == "gsm8k" and cfg.lr == 1e-6 and cfg.grad_checkpointing
+    model, _ = build_model(cfg, torch.device("cpu"))  # from_pretrained returns eval mode: build_model undoes it
+    assert model.training and model.is_gradient_checkpointing
     summary = train(cfg)
     m = rows(tmp_path / "run")
     assert len(m) == 1 and math.isfinite(m[0]["policy"]) and m[0]["eval_acc"] == summary["eval_after"]
@@ -209,3 +211,70 @@ def test_non_finite_gradient_skips_the_step(tmp_path, monkeypatch, varied_reward
     fresh, _ = real_build(cfg, torch.device("cpu"))
     trained, _ = real_build(cfg, torch.device("cpu"), path=str(latest_checkpoint(tmp_path / "run")))
     assert all(torch.equal(a, b) for a, b in zip(fresh.parameters(), trained.parameters(), strict=True))
+
+
+@pytest.mark.parametrize("loss", ["troll", "ppo_clip"])
+@pytest.mark.parametrize("minibatches", [1, 2])
+def test_old_policy_from_the_first_forward_equals_recomputation(
+    tmp_path, monkeypatch, varied_reward, loss, minibatches
+):
+    """Taking the first minibatch's old policy from its own forward pass (train.old_policy_from_forward) gives
+    the metrics of the full no-grad recomputation, up to float rounding. K >= V keeps every support full, so a
+    rounding-level difference cannot swap a token in or out of a near-uniform row's top K."""
+    import troll.train as train_mod
+
+    cfg = dict(loss=loss, minibatches=minibatches, steps=2, k=300)
+    scored = []  # samples per no-grad old-policy pass
+    real_old_policy = train_mod.old_policy
+    monkeypatch.setattr(
+        train_mod, "old_policy", lambda c, m, ro, v: scored.append(len(ro)) or real_old_policy(c, m, ro, v)
+    )
+    train(tiny(tmp_path / "reuse", **cfg))
+    assert scored == ([8, 8] if minibatches == 2 else [])  # 16 samples per step; the first minibatch is skipped
+    scored.clear()
+    monkeypatch.setattr(train_mod, "old_policy_from_forward", lambda cfg, model: False)
+    train(tiny(tmp_path / "recompute", **cfg))
+    assert scored == [16, 16]  # the reference: every sample scored by the no-grad pass
+    a, b = rows(tmp_path / "reuse" / "run"), rows(tmp_path / "recompute" / "run")
+    for ra, rb in zip(a, b, strict=True):
+        for key in ra:
+            if not key.startswith(TIMING_KEYS):
+                assert ra[key] == pytest.approx(rb[key], rel=1e-5, abs=1e-6), key
+
+
+def test_reused_old_policy_equals_the_no_grad_pass(tmp_path):
+    """The anchor built from the (grad-enabled) update forward equals old_policy's no-grad recomputation."""
+    import troll.train as train_mod
+    from troll.rollout import HFGenerator
+
+    cfg = tiny(tmp_path, k=16)
+    model, tok = build_model(cfg, torch.device("cpu"))
+    prompts = [tok.encode(q) for q in ("12+34=", "5+77=", "90+9=")]
+    ro = HFGenerator(model, tok).generate(prompts, n=3, max_new_tokens=4, seed=0)
+    rows_ = torch.tensor([4, 0, 7, 2])
+    ref = train_mod.old_policy(cfg, model, ro.select(rows_), len(tok))
+    got = train_mod.anchor_from_logits(cfg, train_mod.forward(cfg, model, ro, rows_, len(tok)), ro, rows_)
+    assert not got.logp.requires_grad
+    for f in ("idx", "mask", "tail_count"):
+        assert torch.equal(getattr(got, f), getattr(ref, f)), f
+    for f in ("logp", "tail_logp", "log_norm"):
+        torch.testing.assert_close(getattr(got, f), getattr(ref, f), rtol=1e-6, atol=1e-6)
+
+
+def test_old_policy_from_forward_only_without_dropout(tmp_path):
+    import troll.train as train_mod
+
+    cfg = tiny(tmp_path)
+    model, _ = build_model(cfg, torch.device("cpu"))
+    assert model.training and train_mod.old_policy_from_forward(cfg, model)  # Llama, attention_dropout 0
+    assert not train_mod.old_policy_from_forward(dataclasses.replace(cfg, old_policy="behaviour"), model)
+    model.config.attention_dropout = 0.1  # applied functionally in train mode
+    assert not train_mod.old_policy_from_forward(cfg, model)
+    nested = {"text_config": {"attn_pdrop": 0.2}, "hidden_dropout": 0, "id2label": {0: "a"}}
+    assert train_mod._dropout_rates(nested) == [0.2, 0.0]
+    model.eval()
+    assert train_mod.old_policy_from_forward(cfg, model)
+    model.config.attention_dropout = 0.0
+    model.model.layers[0].mlp.act_fn = torch.nn.Sequential(torch.nn.SiLU(), torch.nn.Dropout(0.1))
+    assert not train_mod.old_policy_from_forward(cfg, model.train())  # an nn.Dropout module that fires
+    assert train_mod.old_policy_from_forward(cfg, model.eval())

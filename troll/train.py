@@ -11,6 +11,10 @@ weight push to the rollout engine -> log.
 Choices, stated once:
 - Old policy (`--old_policy`): `recompute` (default, the paper) scores the rollouts with the training model
   right before the update, no grad, and sparsifies it; `behaviour` uses the engine's top-K log-probs.
+  With `recompute` and a deterministic model (no dropout can fire), the first minibatch's own forward pass,
+  taken before any optimiser step, *is* that recomputation (same weights, same inputs): its detached logits
+  give those samples' old policy, and the no-grad pass only scores the other minibatches (none when
+  minibatches = 1). `old_policy_from_forward` decides; tests check the metrics equal full recomputation's.
 - Everything random in step s is seeded from (seed, s): the prompts drawn, the sampler. So a resumed run
   repeats exactly what the uninterrupted run would have done (tests check the next step's metrics).
 - A step whose gradient norm is not finite is skipped (no optimiser step) and counted (`skipped_steps`).
@@ -93,6 +97,7 @@ def build_model(cfg: Config, device: torch.device, path: str | None = None) -> t
         model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
     if cfg.grad_checkpointing:
         model.gradient_checkpointing_enable()
+    model.train()  # from_pretrained returns eval mode, in which gradient checkpointing does nothing
     return model.to(device), tokenizer
 
 
@@ -159,7 +164,7 @@ def latest_checkpoint(out: Path) -> Path:
 
 
 def old_policy(cfg: Config, model: Any, ro: Rollouts, vocab: int) -> SparseDist:
-    """The anchor of the trust region over all B*T completion positions (see module docstring)."""
+    """The anchor of the trust region over all B*T completion positions of `ro` (see module docstring)."""
     tokens = ro.completion_ids.reshape(-1)
     if cfg.old_policy == "behaviour":
         if ro.top_idx is None:
@@ -174,20 +179,47 @@ def old_policy(cfg: Config, model: Any, ro: Rollouts, vocab: int) -> SparseDist:
         )
     if cfg.old_policy != "recompute":
         raise ValueError(f"unknown old_policy {cfg.old_policy!r}: recompute or behaviour")
-    device = next(model.parameters()).device
     dists = []
     with torch.no_grad():
         for rows in micro_batches(ro, cfg.micro_batch_tokens, torch.arange(len(ro))):
-            logits = forward(cfg, model, ro, rows, vocab)
-            dists.append(
-                sparsify(
-                    logits.reshape(-1, logits.shape[-1]),
-                    ro.completion_ids[rows].reshape(-1).to(device),
-                    k=cfg.k,
-                    delta=cfg.delta,
-                ).to("cpu")
-            )
+            dists.append(anchor_from_logits(cfg, forward(cfg, model, ro, rows, vocab), ro, rows).to("cpu"))
     return cat_rows(dists)
+
+
+def anchor_from_logits(cfg: Config, logits: torch.Tensor, ro: Rollouts, rows: torch.Tensor) -> SparseDist:
+    """The sparse old policy of samples `rows` from their logits [b, T, V] (detached: a constant)."""
+    logits = logits.detach()
+    tokens = ro.completion_ids[rows].reshape(-1).to(logits.device)
+    return sparsify(logits.reshape(-1, logits.shape[-1]), tokens, k=cfg.k, delta=cfg.delta)
+
+
+def old_policy_from_forward(cfg: Config, model: Any) -> bool:
+    """Whether the first minibatch's forward pass can stand in for the old-policy pass on its samples.
+
+    Only with `recompute`, and only when the model is deterministic: in eval mode, or in train mode with every
+    dropout probability 0 (`nn.Dropout` modules, and the `*dropout*` / `*pdrop*` rates of the config that
+    transformers applies functionally, e.g. Llama's attention_dropout). Then a no-grad pass over those samples
+    with the same weights returns the same logits (up to float rounding), so it is skipped.
+    """
+    if cfg.old_policy != "recompute":
+        return False
+    if not any(m.training for m in model.modules()):
+        return True
+    if any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.training and m.p > 0 for m in model.modules()):
+        return False
+    config = getattr(model, "config", None)
+    return not any(r > 0 for r in _dropout_rates(config.to_dict() if config is not None else {}))
+
+
+def _dropout_rates(config: dict) -> list[float]:
+    """Every `*dropout*` / `*pdrop*` number in a (nested, e.g. text_config) model config dict."""
+    rates = []
+    for key, v in config.items():
+        if isinstance(v, dict):
+            rates += _dropout_rates(v)
+        elif ("dropout" in str(key) or "pdrop" in str(key)) and isinstance(v, (int, float)):
+            rates.append(float(v))
+    return rates
 
 
 def forward(cfg: Config, model: Any, ro: Rollouts, rows: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -213,30 +245,44 @@ def update(
     sched: Any,
     ro: Rollouts,
     adv: torch.Tensor,
-    old: SparseDist,
+    old: SparseDist | None,
+    old_rows: torch.Tensor,
+    chunks: tuple[torch.Tensor, ...],
     vocab: int,
-    gen: torch.Generator,
 ) -> tuple[dict[str, float], int]:
-    """`minibatches` optimiser steps over a shuffled batch. Returns averaged loss metrics and skipped steps."""
+    """One optimiser step per chunk of samples (the minibatches). Returns averaged loss metrics and skipped steps.
+
+    `old` is the old policy of the samples `old_rows` ([n] long, in that order; None when n = 0). Samples not
+    among them must all be in chunks[0]: their old policy is taken from that chunk's own forward pass, before
+    the first optimiser step (module docstring).
+    """
     device = next(model.parameters()).device
     t_len = ro.completion_ids.shape[1]
     loss_fn, kwargs = LOSSES[cfg.loss], loss_kwargs(cfg)
-    perm = torch.randperm(len(ro), generator=gen)
+    where = torch.full((len(ro),), -1, dtype=torch.long)  # sample -> its row block in `old` (-1: from forward)
+    where[old_rows] = torch.arange(len(old_rows))
     logs: list[tuple[float, dict[str, float]]] = []
     skipped = 0
-    for chunk in perm.chunk(cfg.minibatches):
+    for i, chunk in enumerate(chunks):
         opt.zero_grad(set_to_none=True)
         chunk_tokens = int(ro.completion_mask[chunk].sum())
         for rows in micro_batches(ro, cfg.micro_batch_tokens, chunk):
             logits = forward(cfg, model, ro, rows, vocab)
-            flat_rows = (rows[:, None] * t_len + torch.arange(t_len)).reshape(-1)
-            mask = ro.completion_mask[rows].to(device)
+            fresh = where[rows] < 0
+            if bool(fresh.any()):
+                if i > 0 or not bool(fresh.all()):
+                    raise ValueError("only the first minibatch may take its old policy from its own forward pass")
+                anchor = anchor_from_logits(cfg, logits, ro, rows)
+            else:
+                flat_rows = (where[rows][:, None] * t_len + torch.arange(t_len)).reshape(-1)
+                anchor = old.select(flat_rows).to(device)
+            mask = ro.completion_mask[rows]
             loss, m = loss_fn(
                 logits,
                 ro.completion_ids[rows].to(device),
-                mask,
+                mask.to(device),
                 adv[rows].to(device),
-                old.select(flat_rows).to(device),
+                anchor,
                 agg=cfg.agg,
                 norm_len=t_len,
                 **kwargs,
@@ -428,18 +474,23 @@ def rl_step(
         seed=seed,
     )
     t1 = time.time()
-    texts = [decode(tokenizer, ro.completion_ids[b][ro.completion_mask[b]].tolist()) for b in range(len(ro))]
+    lengths = ro.completion_mask.sum(-1)  # real tokens come first in every row
+    ids = [row[:n] for row, n in zip(ro.completion_ids.tolist(), lengths.tolist(), strict=True)]
+    texts = tokenizer.batch_decode(ids, skip_special_tokens=True)  # = troll.evaluate.decode per row
     golds = [rows[int(g)]["gold"] for g in ro.group]
     rewards = torch.tensor([task.reward(t, g) for t, g in zip(texts, golds, strict=True)], dtype=torch.float32)
     adv = advantages(cfg.advantage, rewards, ro.group)
     t2 = time.time()
-    old = old_policy(cfg, model, ro, vocab)
+    order = torch.randperm(len(ro), generator=gen)
+    chunks = order.chunk(cfg.minibatches)  # the minibatches
+    old_rows = order[len(chunks[0]) :] if old_policy_from_forward(cfg, model) else order  # need the no-grad pass
+    old = old_policy(cfg, model, ro.select(old_rows), vocab) if len(old_rows) else None
     t3 = time.time()
-    metrics, skipped = update(cfg, model, opt, sched, ro, adv, old, vocab, gen)
+    metrics, skipped = update(cfg, model, opt, sched, ro, adv, old, old_rows, chunks, vocab)
     t4 = time.time()
     generator.push_weights(model)
     t5 = time.time()
-    lengths = ro.completion_mask.sum(-1).float()
+    lengths = lengths.float()
     peak = (
         torch.cuda.max_memory_allocated()
         if device.type == "cuda"
