@@ -192,6 +192,17 @@ def test_hf_push_is_a_noop(tiny, model):
         gen.push_weights(copy.deepcopy(model))
 
 
+def test_hf_samples_in_eval_mode_and_restores_training(tiny, model):
+    """No dropout while sampling, and the KV cache stays on under gradient checkpointing (train mode turns it off)."""
+    model.gradient_checkpointing_enable()
+    model.train()
+    modes = []
+    hook = model.register_forward_pre_hook(lambda module, args: modes.append(module.training))
+    HFGenerator(model, tiny[1]).generate(tiny[2][:1], n=2, max_new_tokens=3, seed=0)
+    hook.remove()
+    assert modes and not any(modes) and model.training
+
+
 def test_vllm_top_k_cap(engine, tiny):
     with pytest.raises(ValueError, match="max_top_k=8"):
         engine.generate(tiny[2], n=1, max_new_tokens=4, top_k_logprobs=9)

@@ -365,9 +365,11 @@ class HFGenerator:
             output_scores=True,
             return_dict_in_generate=True,
         )
-        # The model's own generation config (e.g. Qwen's top_k=20) would fill unset fields: hide it.
-        saved = self.model.generation_config
+        # The model's own generation config (e.g. Qwen's top_k=20) would fill unset fields: hide it. Sample in
+        # eval mode (no dropout; gradient checkpointing would turn the KV cache off) and restore the mode after.
+        saved, was_training = self.model.generation_config, self.model.training
         self.model.generation_config = GenerationConfig()
+        self.model.eval()
         try:
             with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
                 if seed is not None:
@@ -380,6 +382,7 @@ class HFGenerator:
                 )
         finally:
             self.model.generation_config = saved
+            self.model.train(was_training)
         comp = out.sequences[:, P:].cpu()  # [B, T]
         logp = torch.stack(out.scores, dim=1).float().log_softmax(-1).cpu()  # [B, T, V]
         is_eos = torch.isin(comp, torch.tensor(self.eos_token_ids))
