@@ -30,8 +30,9 @@ def encode(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
     return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
 
 
-def decode(tokenizer: Any, ids: Sequence[int]) -> str:
-    return tokenizer.decode(list(ids), skip_special_tokens=True)
+def decode(tokenizer: Any, seqs: Sequence[Sequence[int]]) -> list[str]:
+    """Completion texts of token id sequences, special tokens (EOS, padding) removed."""
+    return tokenizer.batch_decode([list(ids) for ids in seqs], skip_special_tokens=True)
 
 
 @torch.no_grad()
@@ -60,7 +61,7 @@ def greedy_hf(
                 generation_config=config,
                 logits_processor=LogitsProcessorList([MaskPaddedVocab(len(tokenizer))]),
             )
-            out += [decode(tokenizer, s[width:].tolist()) for s in seq.cpu()]
+            out += decode(tokenizer, seq[:, width:].tolist())
     finally:
         model.generation_config = saved
         model.train(was_training)
@@ -92,7 +93,7 @@ def greedy_vllm(
         allowed_token_ids=list(range(len(tokenizer))) if padded else None,  # padded output rows never win
     )
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=True)
-    return [decode(tokenizer, o.outputs[0].token_ids) for o in outs]
+    return decode(tokenizer, [o.outputs[0].token_ids for o in outs])
 
 
 def score(

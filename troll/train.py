@@ -336,7 +336,7 @@ def evaluate(cfg: Config, model: Any, tokenizer: Any, task: Task, generator: Any
     """Greedy pass@1 on the held-out problems: with the vLLM engine when there is one, else transformers."""
     prompts = encode(tokenizer, [task.prompt(r["question"]) for r in task.test])
     if hasattr(generator, "greedy"):
-        completions = [decode(tokenizer, ids) for ids in generator.greedy(prompts, cfg.max_new_tokens)]
+        completions = decode(tokenizer, generator.greedy(prompts, cfg.max_new_tokens))
     else:
         completions = greedy_hf(model, tokenizer, prompts, cfg.max_new_tokens)
     return score(task.test, completions, task.reward)
@@ -476,7 +476,7 @@ def rl_step(
     t1 = time.time()
     lengths = ro.completion_mask.sum(-1)  # real tokens come first in every row
     ids = [row[:n] for row, n in zip(ro.completion_ids.tolist(), lengths.tolist(), strict=True)]
-    texts = tokenizer.batch_decode(ids, skip_special_tokens=True)  # = troll.evaluate.decode per row
+    texts = decode(tokenizer, ids)
     golds = [rows[int(g)]["gold"] for g in ro.group]
     rewards = torch.tensor([task.reward(t, g) for t, g in zip(texts, golds, strict=True)], dtype=torch.float32)
     adv = advantages(cfg.advantage, rewards, ro.group)
