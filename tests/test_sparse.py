@@ -105,6 +105,10 @@ def test_union_matches_dense_lift_and_kl_counts_the_tail():
     new, old = sparsify(new_logits, tok, k=5), sparsify(old_logits, tok, k=5)
     u = union(new, old)
     assert (u.tail_count > 0).all()
+    # compacted: live slots first, in id order, and no column that is padding in every row
+    assert u.idx.shape[1] == int(u.mask.sum(-1).max()) < new.idx.shape[1] + old.idx.shape[1]
+    assert (u.mask.long().diff(dim=-1) <= 0).all()
+    assert ((u.idx.diff(dim=-1) > 0) | ~u.mask[:, 1:]).all()
     dense_kl = []
     for r in range(8):
         p, q = lift(new, r), lift(old, r)

@@ -64,11 +64,13 @@ class DualSolution:
 def _moments(a: Tensor, b: Tensor, t: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Atom masses pi_t [N, U], A(t), E_t[a], Var_t[a] ([N] each) for t: [N]."""
     s = b + t[:, None] * a
-    log_z = torch.logsumexp(s, dim=-1)
-    w = torch.exp(s - log_z[:, None])
+    top = s.amax(-1, keepdim=True)  # a logsumexp that keeps its exponentials (one exp per call)
+    e = torch.exp(s - top)
+    z = e.sum(-1, keepdim=True)
+    w = e / z
     mean = (w * a).sum(-1)
-    var = (w * (a - mean[:, None]).square()).sum(-1)
-    return w, log_z, mean, var
+    d = a - mean[:, None]
+    return w, (top + z.log())[:, 0], mean, (w * d * d).sum(-1)
 
 
 def kl_along_path(a: Tensor, b: Tensor, t: Tensor) -> Tensor:

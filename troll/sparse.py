@@ -16,7 +16,9 @@ gather and the log-normaliser, and through Z).
 
 Two supports are combined on their union (`union`): an entry kept by only one policy takes the other
 policy's tail value; the remaining V - |S_new u S_old| entries are a shared tail with one value per
-policy. `kl` on a `Support` counts that tail, so with nothing dropped it equals the dense KL.
+policy. `kl` on a `Support` counts that tail, so with nothing dropped it equals the dense KL. The union is
+compacted to U = the largest union in the batch (live slots first, in id order), so everything downstream,
+the dual solver included, works on a peaked policy's handful of tokens rather than 2K + 2 slots.
 
 Approximation error (one policy): KL(p || p_hat) = log Z + sum_{v dropped} p(v) log(p(v) / tau)
     <= log(m + c tau) + (1 - m) log((1 - m) / tau),    m = kept mass >= 1 - delta,
@@ -98,7 +100,8 @@ def cat_rows(dists: list[SparseDist]) -> SparseDist:
 class Support:
     """Two policies ("new" p and "old" q) on the union of their kept supports.
 
-    idx, mask, lp, lq: [N, U]; lp_tail, lq_tail, tail_count: [N]. lp carries p's gradient.
+    idx, mask, lp, lq: [N, U] (U = the largest union size in the batch); lp_tail, lq_tail, tail_count: [N].
+    lp carries p's gradient.
     """
 
     idx: Tensor
@@ -246,6 +249,11 @@ def union(new: SparseDist, old: SparseDist) -> Support:
     first, second = torch.cat([same, no], -1), torch.cat([no, same], -1)
     lp = torch.where(first, lp.roll(-1, dims=-1), lp)  # the old copy takes p's value from the new copy
     mask = (idx < sentinel) & ~second
+    # Compact: live slots first (still in id order), then drop the columns that are padding in every row, so
+    # U is the largest union size in the batch (a peaked policy's few tokens, not 2K + 2).
+    width = int(mask.sum(-1).max()) if n else 0
+    order = (~mask).to(torch.uint8).argsort(dim=-1, stable=True)[:, :width]
+    idx, mask, lp, lq = (x.gather(-1, order) for x in (idx, mask, lp, lq))
     lq_tail = old.tail_logp.to(new.logp.dtype)
     return Support(
         idx.masked_fill(~mask, 0),  # a valid id everywhere, so gathers with idx never go out of range
