@@ -92,6 +92,32 @@ def test_dual_root_matches_brentq():
             assert not sol.active[i] and sol.t[i] == 1.0 and sol.iters[i] == 0
 
 
+@pytest.mark.parametrize("max_iter", [50, 2])
+def test_reported_kl_is_the_kl_at_the_returned_t(max_iter):
+    """kl_before / kl_after are KL(pi_t || q) at t = 1 and at the returned t (a plain numpy evaluation),
+    whether the solve converged or stopped at max_iter; unconverged rows are reported as such."""
+    lp, lq = mixed_batch(8, 12, seed=4)
+    lp, lq = torch.log_softmax(lp, -1), torch.log_softmax(lq, -1)
+    sol = solve_dual(lp - lq, lq, EPS, max_iter=max_iter)
+
+    def kl_at(i: int, t: float) -> float:
+        a, b = (lp[i] - lq[i]).numpy(), lq[i].numpy()
+        w = np.exp(b + t * a)
+        w /= w.sum()
+        return float((w * (np.log(w) - b)).sum())
+
+    for i in range(8):
+        assert sol.kl_before[i].item() == pytest.approx(kl_at(i, 1.0), rel=1e-12, abs=1e-15)
+        assert sol.kl_after[i].item() == pytest.approx(kl_at(i, sol.t[i].item()), rel=1e-10, abs=1e-15)
+    assert bool(sol.active.any())
+    residual = (sol.kl_after - EPS).abs()[sol.active]
+    if max_iter == 50:
+        assert bool(sol.converged.all()) and float(residual.max()) <= 1e-12
+    else:
+        assert not bool(sol.converged[sol.active].all()) and float(residual.max()) > 1e-12
+        assert bool((sol.iters <= max_iter).all())
+
+
 def test_gradcheck_dense_mixed_active_inactive():
     lp, lq = mixed_batch(6, 7, seed=1)
     lp.requires_grad_(True)

@@ -63,14 +63,16 @@ class DualSolution:
 
 def _moments(a: Tensor, b: Tensor, t: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Atom masses pi_t [N, U], A(t), E_t[a], Var_t[a] ([N] each) for t: [N]."""
-    s = b + t[:, None] * a
-    top = s.amax(-1, keepdim=True)  # a logsumexp that keeps its exponentials (one exp per call)
-    e = torch.exp(s - top)
-    z = e.sum(-1, keepdim=True)
-    w = e / z
+    # A logsumexp that keeps its exponentials (one exp per call); in-place where a temporary is ours, since
+    # the solver calls this ~10 times per batch and fresh [N, U] buffers cost as much as the arithmetic.
+    s = torch.addcmul(b, t[:, None], a)
+    top = s.amax(-1, keepdim=True)
+    w = s.sub_(top).exp_()
+    z = w.sum(-1, keepdim=True)
+    w.div_(z)
     mean = (w * a).sum(-1)
-    d = a - mean[:, None]
-    return w, (top + z.log())[:, 0], mean, (w * d * d).sum(-1)
+    var = (a - mean[:, None]).square_().mul_(w).sum(-1)
+    return w, (top + z.log())[:, 0], mean, var
 
 
 def kl_along_path(a: Tensor, b: Tensor, t: Tensor) -> Tensor:
@@ -124,13 +126,13 @@ def _newton(
         lo = torch.where(~done & (ft <= 0), t, lo)
         done = done | (hi - lo <= 4 * ulp * hi)
         if bool(done.all()):
-            break
+            return t, iters, done, kl  # every row's t was just evaluated
         # Newton on log KL vs log t: log t_new = log t - (log KL - log eps) * KL / (t * dKL/dt).
         kl = kl.clamp_min(tiny)
         t_newton = t * torch.exp(-(kl.log() - math.log(eps)) * kl / (t * slope))
         ok = torch.isfinite(t_newton) & (t_newton > lo) & (t_newton < hi)
         t = torch.where(done, t, torch.where(ok, t_newton, 0.5 * (lo + hi)))
-    kl, _ = _kl_and_slope(a, b, log_z0, t)
+    kl, _ = _kl_and_slope(a, b, log_z0, t)  # max_iter reached: evaluate the last step
     return t, iters, done, kl
 
 

@@ -16,7 +16,7 @@ Shapes: `project_dense`: [..., V] -> [..., V]. `project_sparse`: a `Support` of 
 (see sparse.py) -> projected log-probs [N, U] on the slots and [N] for each tail entry.
 
 Precision: float64 inputs give |KL(pi* || q) - eps| <= 1e-9 on active tokens. For lower precision the
-solver aims a hair inside the ball (eps - 2e-6) and t* is rounded down, so float32 results land in
+solver aims a hair inside the ball (eps - 2e-6, to 1e-9) and t* is rounded down, so float32 results land in
 [eps - 1e-5, eps + 1e-6]; bf16/fp16 inputs are computed in float32.
 """
 
@@ -32,6 +32,7 @@ from troll.dual import DualSolution, ImplicitT, solve_dual
 from troll.sparse import SparseDist, Support, compute_dtype, union
 
 FLOAT32_MARGIN = 2e-6
+FLOAT32_TOL = 1e-9  # solver tolerance below float64: float32 log-probs carry ~1e-7 of KL rounding anyway
 
 
 def _check_eps(eps: float) -> None:
@@ -42,12 +43,13 @@ def _check_eps(eps: float) -> None:
 def solve_t(a: Tensor, b: Tensor, eps: float, detach_dual: bool = False) -> tuple[Tensor, DualSolution]:
     """Solve the dual on atoms (a, b): [N, U] and return t* [N] in a's dtype, with its implicit gradient.
 
-    For float64 the solver targets eps exactly; otherwise eps - FLOAT32_MARGIN, and t* is rounded down so
-    the rounding can only move the result further inside the trust region.
+    For float64 the solver targets eps exactly (to 1e-12); otherwise eps - FLOAT32_MARGIN to FLOAT32_TOL, and
+    t* is rounded down so the rounding can only move the result further inside the trust region.
     """
     _check_eps(eps)
-    target = eps if a.dtype == torch.float64 else max(eps - FLOAT32_MARGIN, 0.5 * eps)
-    sol = solve_dual(a.detach(), b.detach(), target)
+    exact = a.dtype == torch.float64
+    target = eps if exact else max(eps - FLOAT32_MARGIN, 0.5 * eps)
+    sol = solve_dual(a.detach(), b.detach(), target, tol=1e-12 if exact else FLOAT32_TOL)
     t = sol.t.to(a.dtype)
     t = torch.where(t.double() > sol.t, torch.nextafter(t, torch.zeros_like(t)), t)
     if not detach_dual:
@@ -150,11 +152,14 @@ def project_sparse(new: SparseDist, old: SparseDist, eps: float, detach_dual: bo
     s = union(new, old)
     a, b = atoms(s)
     t, sol = solve_t(a, b, eps, detach_dual)
-    log_z = torch.logsumexp(b + t[:, None] * a, dim=-1)
-    act = sol.active
-    tail = torch.where(act, s.lq_tail + t * a[:, -1] - log_z, s.lp_tail)
-    logp = torch.where(act[:, None], s.lq + t[:, None] * a[:, :-1] - log_z[:, None], s.lp)
-    logp = torch.where(s.mask, logp, tail[:, None])
+    logp, tail = s.lp, s.lp_tail  # inside the region pi* = p (masked slots already hold the tail value)
+    rows = sol.active.nonzero().squeeze(-1)
+    if rows.numel():  # the closed form, built only on the rows outside the region (few, once trained)
+        ta = t[rows, None] * a[rows]
+        log_z = torch.logsumexp(b[rows] + ta, dim=-1, keepdim=True)
+        tail_r = s.lq_tail[rows, None] + ta[:, -1:] - log_z
+        logp = logp.index_put((rows,), torch.where(s.mask[rows], s.lq[rows] + ta[:, :-1] - log_z, tail_r))
+        tail = tail.index_put((rows,), tail_r[:, 0])
     return Projection(support=s, logp=logp, tail_logp=tail, t=t, dual=sol, eps=eps)
 
 
