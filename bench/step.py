@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/step.py                                  # tiny-cpu preset, HF backend, 10 rounds
     .venv/bin/python bench/step.py --backend vllm --repeats 6       # rollouts with the vLLM CPU build
-    .venv/bin/python bench/step.py --sft_steps 250                  # a warm-started (peaked) model instead
+    .venv/bin/python bench/step.py --sft_steps 0                    # stress case: an untrained, near-uniform model
 
 What is timed: `troll.train.rl_step`, the function the training loop calls, unchanged: sample
 prompts_per_step x samples_per_prompt completions (`make_generator`: transformers `generate`, or vLLM), decode
@@ -14,18 +14,21 @@ time_sync); total = their sum. The only difference between the variants is `cfg.
 Inside the update, the loss functions' forward (`troll_loss` / `ppo_clip`, not their backward) is also timed
 (wall and CPU user), to show how much of the difference is the loss itself.
 
-Setup: `Config.from_args(["--preset", "tiny-cpu", "--sft_steps", "0", ...])` (every other flag of the command
-line is passed through to it, e.g. `--prompts_per_step 16 --k 32`): the 0.59M-parameter tiny Llama built
-locally (`build_model`), 32 prompts x 8 samples x at most 5 new tokens, 2 minibatches, lr 1e-4, K 64,
-eps 0.05, clip 0.2. No supervised warm-start by default, so the addition reward would be 0 everywhere (every
-advantage 0): the task's reward is replaced by `_util.parity_reward` (1.0 when the sum of the completion's
-code points is odd; `--reward odd_length` for odd-length completions), about a coin flip per sample, so the
-update has real gradients. Caveat: the untrained model is near-uniform over its 260 tokens, so the K = 64
-sparse supports hold only ~1/4 of the mass. In the first minibatch old and new policy are identical and nothing
-is projected; after the first optimiser step the top-64 sets of old and new policy differ by near-ties, and
-TROLL projects nearly every token of the second minibatch (about 40% of the step's; a trained model: well
-under 1%), the expensive case for its solver. PPO-clip's ratio p(y) / q(y) is exact on both sides, so it clips
-almost nothing here. `--sft_steps 250` measures a peaked (warm-started) model as well.
+Setup: `Config.from_args(["--preset", "tiny-cpu", ...])` (every flag of the command line is passed through to
+it, e.g. `--prompts_per_step 16 --k 32`): the 0.59M-parameter tiny Llama built locally (`build_model`) and
+warm-started like the preset's training run (250 supervised steps on the addition task, untimed), 32 prompts x
+8 samples x at most 5 new tokens, 2 minibatches, lr 1e-4, K 64, eps 0.05, clip 0.2. The task's reward is
+replaced by `_util.parity_reward` (1.0 when the sum of the completion's code points is odd; `--reward
+odd_length` for odd-length completions; `--reward task` keeps the addition reward), about a coin flip per
+sample, so every round's update has real gradients whatever the model has learnt.
+
+Stress case, `--sft_steps 0`: the untrained model is near-uniform over its 260 tokens, so the K = 64 sparse
+supports hold only ~1/4 of the mass. In the first minibatch old and new policy are identical and nothing is
+projected; after the first optimiser step the top-64 sets of old and new policy differ by near-ties, and the
+paper's sparse tail model (README, Known limitations) makes TROLL project nearly every token of the second
+minibatch (about 40% of the step's; the warm-started model: well under 1%), with 7-8 solver iterations each:
+the most expensive case for the solver, and one a real run never meets. PPO-clip's ratio p(y) / q(y) is exact
+on both sides, so it clips almost nothing here.
 
 Pairing: every round starts both variants from the same weights, optimiser and scheduler state (restored
 from a snapshot, untimed; with vLLM the restored weights are pushed to the engine, untimed) and the same step
@@ -124,7 +127,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2, help="untimed rounds first")
     ap.add_argument("--reward", default="parity", choices=[*REWARDS, "task"], help="task = the addition reward")
     a, rest = ap.parse_known_args()
-    cfg = Config.from_args(["--preset", "tiny-cpu", "--sft_steps", "0", *rest])
+    cfg = Config.from_args(["--preset", "tiny-cpu", *rest])
     device = torch.device("cpu" if cfg.device == "auto" else cfg.device)
 
     t0 = time.perf_counter()
