@@ -61,18 +61,23 @@ class DualSolution:
         return 1.0 / self.t - 1.0
 
 
+def _path(a: Tensor, b: Tensor, t: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """exp(b + t a - max) [N, U] (pi_t up to the factor z, in a fresh buffer the caller may overwrite), z and
+    A(t) = log Z(t), [N] each: a logsumexp that keeps its exponentials, with no other [N, U] temporaries."""
+    s = torch.addcmul(b, t[:, None], a)
+    top = s.amax(-1)
+    e = s.sub_(top[:, None]).exp_()
+    z = e.sum(-1)
+    return e, z, top + z.log()
+
+
 def _moments(a: Tensor, b: Tensor, t: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Atom masses pi_t [N, U], A(t), E_t[a], Var_t[a] ([N] each) for t: [N]."""
-    # A logsumexp that keeps its exponentials (one exp per call); in-place where a temporary is ours, since
-    # the solver calls this ~10 times per batch and fresh [N, U] buffers cost as much as the arithmetic.
-    s = torch.addcmul(b, t[:, None], a)
-    top = s.amax(-1, keepdim=True)
-    w = s.sub_(top).exp_()
-    z = w.sum(-1, keepdim=True)
-    w.div_(z)
+    e, z, log_z = _path(a, b, t)
+    w = e.div_(z[:, None])
     mean = (w * a).sum(-1)
     var = (a - mean[:, None]).square_().mul_(w).sum(-1)
-    return w, (top + z.log())[:, 0], mean, var
+    return w, log_z, mean, var
 
 
 def kl_along_path(a: Tensor, b: Tensor, t: Tensor) -> Tensor:
@@ -106,14 +111,10 @@ def _kl_and_slope(a: Tensor, b: Tensor, log_z0: Tensor, t: Tensor) -> tuple[Tens
     """KL(pi_t || q) and its derivative t * Var_t[a], each [N]: the solver's inner loop, in 9 passes over
     [N, U]. The slope takes Var = E[a^2] - E[a]^2 (no centring pass); it only sizes the Newton step, whose
     bracket and stopping rule use the KL itself, so its rounding cannot change the root."""
-    s = torch.addcmul(b, t[:, None], a)
-    top = s.amax(-1, keepdim=True)
-    e = s.sub_(top).exp_()  # pi_t up to the factor z
-    z = e.sum(-1)
+    e, z, log_z = _path(a, b, t)
     ea = e.mul_(a)
     mean = ea.sum(-1) / z
     second = ea.mul_(a).sum(-1) / z
-    log_z = top[:, 0] + z.log()
     return t * mean - log_z + log_z0, t * (second - mean * mean).clamp_min(0.0)
 
 
