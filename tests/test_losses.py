@@ -1,8 +1,9 @@
 """Behaviour-locking tests for troll/losses.py and troll/advantages.py.
 
-Expected numbers are written from the formulas in ALGORITHM.md (by hand, or with scipy/math for the
+Expected numbers are written from the formulas in docs/algorithm.md (by hand, or with scipy/math for the
 projection of a two-token distribution), never read back from the code under test."""
 
+import itertools
 import math
 
 import pytest
@@ -10,9 +11,9 @@ import torch
 from scipy.optimize import brentq
 
 from troll.advantages import advantages, dr_grpo, grpo, reinforce_pp
-from troll.losses import LOSSES, aggregate, cispo, dppo, ppo_clip, troll_loss
+from troll.losses import LOSSES, aggregate, cispo, dppo, dppo_divergence, ppo_clip, troll_loss
 from troll.project import project_sparse
-from troll.sparse import kl, sparsify, union
+from troll.sparse import atom_kl, build_support, sparsify
 
 
 def binary(p_y: float, q_y: float, adv: float, y: int = 0):
@@ -110,6 +111,23 @@ def test_dppo_divergences():
         dppo(*binary(0.8, 0.5, 1.0), divergence="nope")
 
 
+def test_dppo_topk_divergences_equal_the_dense_top_k_plus_rest():
+    """DPPO's TopK-TV / TopK-KL: p and q on q's kept set plus one "rest" bucket, from the full distributions."""
+    logits, tokens, _, _, old = ragged_batch(seed=5)
+    b, t, v = logits.shape
+    s = build_support(logits.detach().view(-1, v), tokens.view(-1), old)
+    p = torch.log_softmax(logits.detach().view(-1, v), -1).exp()
+    q = torch.log_softmax(ragged_batch(seed=5, old_logits=True).view(-1, v), -1).exp()
+    for r in range(b * t):
+        kept = old.idx[r][old.mask[r]]
+        rest = torch.ones(v, dtype=torch.bool)
+        rest[kept] = False
+        pk, qk = torch.cat([p[r, kept], p[r, rest].sum()[None]]), torch.cat([q[r, kept], q[r, rest].sum()[None]])
+        tv, kl = float(0.5 * (pk - qk).abs().sum()), float((pk * (pk / qk).log()).sum())
+        assert float(dppo_divergence("topk_tv", s)[r]) == pytest.approx(tv, abs=1e-12)
+        assert float(dppo_divergence("topk_kl", s)[r]) == pytest.approx(kl, abs=1e-12)
+
+
 # --- TROLL ----------------------------------------------------------------------------------------------
 
 
@@ -193,18 +211,40 @@ def test_troll_regression_term_gradient_treats_projection_as_constant():
     (g_full,) = torch.autograd.grad(full, logits)
     (g_pol,) = torch.autograd.grad(policy_only, logits)
     with torch.no_grad():
-        proj = project_sparse(sparsify(logits.view(-1, v), tokens.view(-1), k=4, delta=1e-3), old, 0.05)
-        frozen, frozen_tail = proj.logp.clone(), proj.tail_logp.clone()
+        proj = project_sparse(build_support(logits.view(-1, v), tokens.view(-1), old), 0.05)
+        frozen = proj.logp.clone()
 
     def reg(x):
-        s = union(sparsify(x.view(-1, v), tokens.view(-1), k=4, delta=1e-3), old)
-        tok_kl = kl(s.lp, frozen, s.mask, s.lp_tail, frozen_tail, s.tail_count).view(b, t)
+        s = build_support(x.view(-1, v), tokens.view(-1), old)
+        tok_kl = atom_kl(s.lp, frozen, s.mask).view(b, t)
         return 2.0 * (tok_kl * mask).sum() / mask.sum()
 
     x = logits.detach().clone().requires_grad_(True)
     assert torch.autograd.gradcheck(reg, (x,))
     (g_reg,) = torch.autograd.grad(reg(x), x)
     torch.testing.assert_close(g_full - g_pol, g_reg)
+
+
+def test_troll_rest_model_regression_term_is_the_dense_kl():
+    """Rest model: KL(p || sg(pi*)) over the atoms equals the full-vocabulary KL(p || pi*), where pi* keeps p's
+    shape inside the rest atom (the within-rest terms cancel); the ratio uses the exact q(y)."""
+    logits, tokens, mask, adv, old = ragged_batch(seed=6)
+    b, t, v = logits.shape
+    _, m = troll_loss(logits, tokens, mask, adv, old)
+    s = build_support(logits.detach().view(-1, v), tokens.view(-1), old)
+    proj = project_sparse(s, 0.05)
+    assert proj.dual.active.any() and s.mask[:, -1].all()
+    lp = torch.log_softmax(logits.detach().view(-1, v), -1)
+    dense = []
+    for r in range(b * t):
+        kept = old.idx[r][old.mask[r]]
+        pi = lp[r] - s.lp[r, -1] + proj.logp[r, -1]
+        pi[kept] = proj.logp[r, : len(kept)]
+        dense.append(float((lp[r].exp() * (lp[r] - pi)).sum()))
+    dense = torch.tensor(dense, dtype=torch.float64).view(b, t)
+    assert m["regression"] == pytest.approx(float((dense * mask).sum() / mask.sum()), abs=1e-12)
+    lq_y = torch.log_softmax(ragged_batch(seed=6, old_logits=True), -1).gather(-1, tokens[..., None])[..., 0]
+    torch.testing.assert_close(s.lq_y.view(b, t), lq_y, atol=1e-13, rtol=0)
 
 
 def test_gspo_sequence_ratio_straight_through():
@@ -263,6 +303,23 @@ def test_loss_input_errors():
         troll_loss(logits, tokens, mask, adv * math.nan, old)
     with pytest.raises(ValueError, match="aggregation"):
         troll_loss(logits, tokens, mask, adv, old, agg="mean")
+    with pytest.raises(ValueError, match="level='tokens'"):
+        troll_loss(logits, tokens, mask, adv, old, level="tokens")
+    for alpha in (math.nan, -1.0, math.inf):
+        with pytest.raises(ValueError, match="alpha"):
+            troll_loss(logits, tokens, mask, adv, old, alpha=alpha)
+    for eps in (0.0, math.nan, -0.1):
+        with pytest.raises(ValueError, match="eps"):
+            troll_loss(logits, tokens, mask, adv, old, eps=eps)
+    with pytest.raises(ValueError, match="unknown sparse model"):
+        troll_loss(logits, tokens, mask, adv, old, support="dense")
+    with pytest.raises(ValueError, match="DPPO divergence"):
+        dppo(logits, tokens, mask, adv, old, divergence="tv")
+    for fn in LOSSES.values():
+        with pytest.raises(ValueError, match="mask must be a bool"):
+            fn(logits, tokens, mask.double(), adv, old)
+        with pytest.raises(ValueError, match="mask must be a bool"):
+            fn(logits, tokens, mask.long(), adv, old)
 
 
 # --- aggregation and advantages ------------------------------------------------------------------------
@@ -368,8 +425,8 @@ def test_baseline_ratio_is_exact_when_the_support_is_truncated():
     mask = torch.ones(2, 5, dtype=torch.bool)
     adv = torch.tensor([1.0, -1.0], dtype=torch.float64)
     old = sparsify(logits.detach().view(-1, 50), tokens.view(-1), k=4, delta=1e-5)
-    assert float(old.log_norm.exp().max()) < 0.2  # the kept mass really is small
-    for name, fn in LOSSES.items():
-        _, m = fn(logits, tokens, mask, adv, old, k=4)
+    assert float((-old.log_rest.exp()).log1p().exp().max()) < 0.2  # the kept mass really is small
+    for (name, fn), support in itertools.product(LOSSES.items(), ("rest", "paper")):
+        _, m = fn(logits, tokens, mask, adv, old, k=4, support=support)
         assert m["ratio_min"] == pytest.approx(1.0, abs=1e-12) and m["ratio_max"] == pytest.approx(1.0, abs=1e-12), name
         assert m["frac_active"] == 0.0 and m["kl_before_max"] == pytest.approx(0.0, abs=1e-12), name

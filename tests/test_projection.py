@@ -11,7 +11,7 @@ from scipy.optimize import brentq, minimize
 
 from troll.dual import solve_dual
 from troll.project import project_dense, project_sparse
-from troll.sparse import kl, sparsify
+from troll.sparse import atom_kl, build_support, sparsify
 
 EPS = 0.05
 
@@ -138,18 +138,19 @@ def test_gradcheck_dense_from_logits_invariant_to_shift():
     assert torch.autograd.gradcheck(lambda x: project_dense(x, lq, EPS), (logits,))
 
 
-def test_gradcheck_sparse_mixed_active_inactive():
+@pytest.mark.parametrize("model", ["rest", "paper"])
+def test_gradcheck_sparse_mixed_active_inactive(model):
     lp, lq = mixed_batch(6, 9, seed=4)
     tok = torch.tensor([0, 1, 2, 3, 4, 5])
     old = sparsify(lq, tok, k=5, delta=1e-3)
     lp.requires_grad_(True)
 
     def f(x):
-        pr = project_sparse(sparsify(x, tok, k=5, delta=1e-3), old, EPS)
-        return pr.logp, pr.tail_logp
+        pr = project_sparse(build_support(x, tok, old, model, k=5, delta=1e-3), EPS)
+        return pr.logp
 
-    pr = project_sparse(sparsify(lp, tok, k=5, delta=1e-3), old, EPS)
-    assert pr.dual.active.any() and (~pr.dual.active).any() and (pr.support.tail_count > 0).any()
+    pr = project_sparse(build_support(lp, tok, old, model, k=5, delta=1e-3), EPS)
+    assert pr.dual.active.any() and (~pr.dual.active).any() and pr.support.mask[:, -1].any()
     assert torch.autograd.gradcheck(f, (lp,))
 
 
@@ -166,15 +167,96 @@ def test_detach_dual_changes_gradient_only_on_active_tokens():
     torch.testing.assert_close(grads[0][~active], grads[1][~active])
 
 
-def test_sparse_equals_dense_when_nothing_dropped():
+@pytest.mark.parametrize("model", ["rest", "paper"])
+def test_sparse_equals_dense_when_nothing_dropped(model):
+    """K = V, delta = 0: both sparse models are the dense projection, in value and in gradient."""
     lp, lq = mixed_batch(8, 20, seed=6)
     tok = torch.randint(0, 20, (8,))
-    pr = project_sparse(sparsify(lp, tok, k=64, delta=0.0), sparsify(lq, tok, k=64, delta=0.0), EPS)
+    old = sparsify(lq, tok, k=20, delta=0.0)
+
+    def sparse_y(x):
+        return project_sparse(build_support(x, tok, old, model, k=20, delta=0.0), EPS).log_pi_y
+
+    def dense_y(x):
+        return project_dense(x, lq, EPS).gather(-1, tok[:, None])[:, 0]
+
+    pr = project_sparse(build_support(lp, tok, old, model, k=20, delta=0.0), EPS)
     s = pr.support
-    assert (s.tail_count == 0).all() and s.mask.sum(-1).eq(20).all()
+    assert (s.count == 0).all() and s.mask[:, :-1].sum(-1).eq(20).all() and pr.dual.active.any()
     dense = project_dense(lp, lq, EPS)
-    torch.testing.assert_close(pr.logp[s.mask], dense.gather(-1, s.idx)[s.mask], atol=1e-12, rtol=0)
+    torch.testing.assert_close(pr.logp[:, :-1], dense.gather(-1, s.idx), atol=1e-12, rtol=0)
     torch.testing.assert_close(pr.dual.kl_before, dense_kl(lp, lq), atol=1e-12, rtol=0)
+    jac_sparse = torch.autograd.functional.jacobian(sparse_y, lp)
+    jac_dense = torch.autograd.functional.jacobian(dense_y, lp)
+    torch.testing.assert_close(jac_sparse, jac_dense, atol=1e-10, rtol=0)
+    assert torch.autograd.gradcheck(sparse_y, (lp.clone().requires_grad_(True),))
+
+
+def test_rest_model_solves_the_coarse_problem_and_bounds_the_true_kl():
+    """With q's support S plus one rest atom R: on the atoms, pi* is the dense projection of the coarse pair
+    (an independent computation on U + 1 entries); densely, pi*(v) = pi*(R) p(v) / p(R) on R, and its true KL is
+    exactly eps + pi*(R) KL(p|R || q|R). The solution is also the generic optimiser's (scipy SLSQP)."""
+    g = torch.Generator().manual_seed(12)
+    n, v = 12, 40
+    lq = torch.randn(n, v, generator=g, dtype=torch.float64) * torch.linspace(0.3, 4, n, dtype=torch.float64)[:, None]
+    lp = lq + torch.randn(n, v, generator=g, dtype=torch.float64) * 1.5
+    tok = torch.randint(0, v, (n,), generator=g)
+    s = build_support(lp, tok, sparsify(lq, tok, k=4, delta=1e-3))
+    pr = project_sparse(s, EPS)
+    act = pr.dual.active
+    assert act.float().mean() > 0.5 and s.mask[:, -1].all()
+    dead = ~s.mask
+    coarse = project_dense(s.lp.detach().masked_fill(dead, -math.inf), s.lq.masked_fill(dead, -math.inf), EPS)
+    torch.testing.assert_close(pr.logp.detach()[s.mask], coarse[s.mask], atol=1e-12, rtol=0)
+    p, q = torch.log_softmax(lp, -1), torch.log_softmax(lq, -1)
+    for r in torch.nonzero(act)[:, 0].tolist():
+        kept = s.idx[r][s.mask[r, :-1]]
+        rest = torch.ones(v, dtype=torch.bool)
+        rest[kept] = False
+        pi = p[r] - s.lp[r, -1].detach() + pr.logp[r, -1].detach()  # p's shape inside R
+        pi[kept] = pr.logp[r, : len(kept)].detach()
+        assert abs(float(pi.exp().sum()) - 1) < 1e-12
+        p_r, q_r = p[r, rest] - p[r, rest].logsumexp(0), q[r, rest] - q[r, rest].logsumexp(0)
+        within = float((p_r.exp() * (p_r - q_r)).sum())
+        true = float((pi.exp() * (pi - q[r])).sum())
+        assert true == pytest.approx(EPS + float(pr.logp[r, -1].exp()) * within, abs=1e-10)
+        assert true >= EPS - 1e-10
+    r = int(torch.nonzero(act)[0, 0])  # one row against a generic optimiser on the coarse problem
+    live = s.mask[r]
+    a_p, a_q = s.lp[r][live].detach().exp().numpy(), s.lq[r][live].exp().numpy()
+
+    def obj(x):
+        return float(np.sum(x * np.log(x / a_p)))
+
+    cons = {"type": "ineq", "fun": lambda x: EPS - float(np.sum(x * np.log(x / a_q)))}
+    eq = {"type": "eq", "fun": lambda x: float(np.sum(x)) - 1}
+    res = minimize(
+        obj,
+        a_q,
+        constraints=[cons, eq],
+        bounds=[(1e-12, 1)] * len(a_q),
+        method="SLSQP",
+        options={"ftol": 1e-14, "maxiter": 500},
+    )
+    np.testing.assert_allclose(res.x, pr.logp[r][live].detach().exp().numpy(), atol=1e-6)
+
+
+def test_rest_model_projects_no_token_that_is_inside():
+    """A near-uniform policy and a tiny perturbation of it (true KL ~ 1e-6): the K cap binds on every row. The
+    paper's model sees a large KL and projects; the rest model never does (its KL is a lower bound)."""
+    g = torch.Generator().manual_seed(13)
+    n, v = 64, 2000
+    lq = 0.3 * torch.randn(n, v, generator=g, dtype=torch.float64)
+    lp = lq + 2e-3 * torch.randn(n, v, generator=g, dtype=torch.float64)
+    tok = torch.randint(0, v, (n,), generator=g)
+    old = sparsify(lq, tok)
+    assert (old.size >= 64).all()
+    true = dense_kl(lp, lq)
+    assert true.max() < 1e-5
+    rest = project_sparse(build_support(lp, tok, old, "rest"), EPS)
+    paper = project_sparse(build_support(lp, tok, old, "paper"), EPS)
+    assert not rest.dual.active.any() and (rest.dual.kl_before <= true + 1e-12).all()
+    assert paper.dual.active.float().mean() > 0.25 and paper.dual.kl_before.mean() > 100 * true.mean()
 
 
 def test_float32_lands_on_the_feasible_side():
@@ -190,14 +272,15 @@ def test_float32_lands_on_the_feasible_side():
         assert pr_logp.dtype == torch.float32
         k = dense_kl(pr_logp, lq_full)[active] - EPS
         assert k.min() >= -1e-5 and k.max() <= 1e-6
-    pr = project_sparse(sparsify(lp, tok), sparsify(lq, tok), EPS)
-    s, act = pr.support, pr.dual.active
-    assert act.float().mean() > 0.3
-    k32 = kl(pr.logp, s.lq, s.mask, pr.tail_logp, s.lq_tail, s.tail_count)[act] - EPS
-    k64 = kl(pr.logp.double(), s.lq.double(), s.mask, pr.tail_logp.double(), s.lq_tail.double(), s.tail_count)
-    for k in (k32, k64[act] - EPS):
-        assert k.min() >= -1e-5 and k.max() <= 1e-6
-    assert pr.dual.converged.all() and pr.dual.iters.max() <= 12
+    for model in ("rest", "paper"):
+        pr = project_sparse(build_support(lp, tok, sparsify(lq, tok), model), EPS)
+        s, act = pr.support, pr.dual.active
+        assert act.float().mean() > 0.3
+        k32 = atom_kl(pr.logp, s.lq, s.mask)[act] - EPS
+        k64 = atom_kl(pr.logp.double(), s.lq.double(), s.mask)[act] - EPS
+        for k in (k32, k64):
+            assert k.min() >= -1e-5 and k.max() <= 1e-6
+        assert pr.dual.converged.all() and pr.dual.iters.max() <= 12
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -209,7 +292,7 @@ def test_low_precision_inputs_are_solved_in_float32(dtype):
     active = dense_kl(lp.to(dtype).float(), lq.to(dtype).float()) > EPS
     assert (k[active] - EPS).abs().max() <= 1e-5 and (k <= EPS + 1e-6).all()
     tok = torch.zeros(8, dtype=torch.long)
-    pr = project_sparse(sparsify(lp.to(dtype), tok), sparsify(lq.to(dtype), tok), EPS)
+    pr = project_sparse(build_support(lp.to(dtype), tok, sparsify(lq.to(dtype), tok)), EPS)
     assert pr.logp.dtype == torch.float32 and torch.isfinite(pr.logp).all()
 
 
@@ -225,7 +308,7 @@ def test_one_hot_and_near_one_hot():
     out = project_dense(lp, lq, EPS)
     assert torch.isfinite(out).all() and ((dense_kl(out, lq) - EPS).abs() <= 1e-9).all()
     tok = torch.zeros(3, dtype=torch.long)
-    pr = project_sparse(sparsify(lp, tok), sparsify(lq, tok), EPS)
+    pr = project_sparse(build_support(lp, tok, sparsify(lq, tok)), EPS)
     assert ((pr.dual.kl_after - EPS).abs() <= 1e-9).all() and pr.dual.converged.all()
 
 
@@ -262,9 +345,8 @@ def test_small_and_large_eps(eps):
 def test_zero_rows_and_all_zero_logits():
     empty = torch.zeros(0, 5, dtype=torch.float64)
     assert project_dense(empty, empty, EPS).shape == (0, 5)
-    pr = project_sparse(
-        sparsify(empty, torch.zeros(0, dtype=torch.long)), sparsify(empty, torch.zeros(0, dtype=torch.long)), EPS
-    )
+    none = torch.zeros(0, dtype=torch.long)
+    pr = project_sparse(build_support(empty, none, sparsify(empty, none)), EPS)
     assert pr.logp.shape[0] == 0
     zeros = torch.zeros(3, 5, dtype=torch.float64)  # uniform rows: identical policies, identity
     torch.testing.assert_close(project_dense(zeros, zeros, EPS), torch.full((3, 5), -math.log(5), dtype=torch.float64))

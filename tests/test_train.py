@@ -255,9 +255,9 @@ def test_reused_old_policy_equals_the_no_grad_pass(tmp_path):
     ref = train_mod.old_policy(cfg, model, ro.select(rows_), len(tok))
     got = train_mod.anchor_from_logits(cfg, train_mod.forward(cfg, model, ro, rows_, len(tok)), ro, rows_)
     assert not got.logp.requires_grad
-    for f in ("idx", "mask", "tail_count"):
+    for f in ("idx", "mask"):
         assert torch.equal(getattr(got, f), getattr(ref, f)), f
-    for f in ("logp", "tail_logp", "log_norm"):
+    for f in ("logp", "log_rest"):
         torch.testing.assert_close(getattr(got, f), getattr(ref, f), rtol=1e-6, atol=1e-6)
 
 

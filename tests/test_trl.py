@@ -68,17 +68,20 @@ def make_trainer(tokenizer, tmp_path: Path, **overrides) -> TROLLGRPOTrainer:
 
 
 @pytest.mark.parametrize(
-    ("loss_type", "level", "agg"),
+    ("loss_type", "level", "agg", "support"),
     [
-        ("dapo", "token", "token-mean"),
-        ("bnpo", "token", "token-mean"),
-        ("grpo", "token", "seq-mean-token-mean"),
-        ("dr_grpo", "token", "seq-mean-token-sum-norm"),
-        ("dapo", "sequence", "token-mean"),
+        ("dapo", "token", "token-mean", "rest"),
+        ("bnpo", "token", "token-mean", "rest"),
+        ("grpo", "token", "seq-mean-token-mean", "rest"),
+        ("dr_grpo", "token", "seq-mean-token-sum-norm", "rest"),
+        ("dapo", "sequence", "token-mean", "rest"),
+        ("dapo", "token", "token-mean", "paper"),
     ],
 )
-def test_loss_equals_troll_loss(tokenizer, tmp_path, loss_type, level, agg):
-    trainer = make_trainer(tokenizer, tmp_path, loss_type=loss_type, importance_sampling_level=level)
+def test_loss_equals_troll_loss(tokenizer, tmp_path, loss_type, level, agg, support):
+    trainer = make_trainer(
+        tokenizer, tmp_path, loss_type=loss_type, importance_sampling_level=level, troll_support=support
+    )
     model = trainer.model
     model.train()
     torch.manual_seed(1)
@@ -108,6 +111,7 @@ def test_loss_equals_troll_loss(tokenizer, tmp_path, loss_type, level, agg):
         agg=agg,
         norm_len=6,
         level=level,
+        support=support,
     )
     assert batch["num_items_in_batch"] == mask.sum()  # so TRL's dapo normaliser is troll's token mean here
     want.backward()
@@ -122,7 +126,7 @@ def test_loss_equals_troll_loss(tokenizer, tmp_path, loss_type, level, agg):
 
 
 def test_a_few_steps_train_within_the_region(tokenizer, tmp_path):
-    trainer = make_trainer(tokenizer, tmp_path, max_steps=4, num_iterations=2)
+    trainer = make_trainer(tokenizer, tmp_path, max_steps=4, num_iterations=2, learning_rate=5e-2)
     before = [p.detach().clone() for p in trainer.model.parameters()]
     trainer.train()
     logs = [h for h in trainer.state.log_history if "loss" in h]
@@ -153,6 +157,7 @@ def test_version_range_is_enforced():
         ("off_policy_mask_threshold", 0.5),
         ("vllm_importance_sampling_correction", True),
         ("troll_eps", 0.0),
+        ("troll_support", "dense"),
     ],
 )
 def test_incompatible_settings_raise(tmp_path, setting, value):
@@ -203,7 +208,8 @@ def test_two_processes_gloo(tmp_path, gsm8k_dir):
     cmd += [str(ROOT / "examples" / "trl_gsm8k.py"), str(tmp_path), "--tiny", "--data", str(gsm8k_dir)]
     cmd += ["--limit", "32", "--max_steps", "2", "--use_cpu", "--output_dir", str(tmp_path / "run")]
     cmd += ["--max_completion_length", "8", "--num_generations", "4", "--per_device_train_batch_size", "4"]
-    cmd += ["--num_iterations", "2", "--learning_rate", "1e-2", "--disable_tqdm", "true", "--save_strategy", "no"]
+    # a large step, so that the second pass over a batch really leaves the trust region
+    cmd += ["--num_iterations", "2", "--learning_rate", "2e-1", "--disable_tqdm", "true", "--save_strategy", "no"]
     cmd += ["--bf16", "false"]
     env = os.environ | {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)

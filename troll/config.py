@@ -39,6 +39,7 @@ class Config:
     alpha: float = 1.0  # TROLL: weight of the regression term
     k: int = 64  # sparse support: at most K tokens per policy (plus the sampled one)
     delta: float = 1e-5  # sparse support: kept mass >= 1 - delta
+    support: str = "rest"  # sparse model: rest (old policy's support + one exact rest atom) | paper (1e-12 tail)
     clip_low: float = 0.2  # PPO-clip: eps_low
     clip_high: float = 0.2  # PPO-clip: eps_high (0.28 = Clip-Higher); CISPO's cap is 1 + clip_high
     dppo_divergence: str = "binary_tv"  # binary_tv | binary_kl | topk_tv | topk_kl

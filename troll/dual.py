@@ -10,7 +10,7 @@ The projection  pi* = argmin KL(pi || p)  s.t.  KL(pi || q) <= eps  is the geome
 
     log pi_t(v) = log q(v) + t * a(v) - A(t),      A(t) = logsumexp_j(b_j + t * a_j),
 
-with t = 1 / (1 + eta) in (0, 1] and eta >= 0 the dual variable (ALGORITHM.md sections 1-2). This is an
+with t = 1 / (1 + eta) in (0, 1] and eta >= 0 the dual variable (docs/algorithm.md, sections 1-2). This is an
 exponential family in t, so with E_t, Var_t taken under the atom masses pi_t(j) = exp(b_j + t a_j - A(t)):
 
     KL(pi_t || q) = t * E_t[a] - A(t) + A(0),        d/dt KL(pi_t || q) = t * Var_t[a] >= 0.
@@ -86,13 +86,18 @@ def kl_along_path(a: Tensor, b: Tensor, t: Tensor) -> Tensor:
     return t * mean - log_z + torch.logsumexp(b, dim=-1)
 
 
+def check_eps(eps: float) -> None:
+    """The trust-region radius must be a positive finite number."""
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (math.isfinite(eps) and eps > 0):
+        raise ValueError(f"eps must be a positive finite number, got {eps!r}")
+
+
 @torch.no_grad()
 def solve_dual(a: Tensor, b: Tensor, eps: float, *, max_iter: int = 50, tol: float = 1e-12) -> DualSolution:
     """Find t* with KL(pi_t* || q) = eps on active rows (see module docstring). a, b: [N, U]."""
     if a.shape != b.shape or a.dim() != 2:
         raise ValueError(f"a and b must both be [N, U]; got {tuple(a.shape)} and {tuple(b.shape)}")
-    if not eps > 0:
-        raise ValueError(f"eps must be positive, got {eps}")
+    check_eps(eps)
     a, b = a.double(), b.double()
     one = torch.ones(a.shape[0], dtype=a.dtype, device=a.device)
     log_z0 = torch.logsumexp(b, dim=-1)

@@ -12,8 +12,16 @@ t* comes from `dual.solve_dual` (float64, no autograd) and receives its exact im
 `dual.ImplicitT`, so autograd through the closed form above gives d pi* / d l_p exactly.
 `detach_dual=True` drops the gradient through t* (the shortcut some ports take) to show its effect.
 
-Shapes: `project_dense`: [..., V] -> [..., V]. `project_sparse`: a `Support` of N rows and U slots
-(see sparse.py) -> projected log-probs [N, U] on the slots and [N] for each tail entry.
+Shapes: `project_dense`: [..., V] -> [..., V]. `project_sparse`: a `Support` (sparse.py: N rows, U single-token
+atoms and one atom for the rest of the vocabulary) -> projected log-masses [N, U + 1]. The same closed form and
+dual hold atom by atom, because p and q are proportional inside a multi-token atom of either sparse model (the
+paper's tail by construction; the rest atom because the projection keeps p's shape there, which is the exact
+minimiser of KL(pi || p) given pi's mass on the atom). With the "rest" model this is the exact solution of
+
+    min KL(pi || p)  s.t.  KL_c(pi || q) <= eps,      KL_c = KL of the coarse-grained pair on {S, rest},
+
+whose result has true KL(pi* || q) = eps + pi*(rest) KL(p|rest || q|rest), and with nothing dropped it is
+`project_dense`.
 
 Precision: float64 inputs give |KL(pi* || q) - eps| <= 1e-9 on active tokens. For lower precision the
 solver aims a hair inside the ball (eps - 2e-6, to 1e-9) and t* is rounded down, so float32 results land in
@@ -28,16 +36,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from troll.dual import DualSolution, ImplicitT, solve_dual
-from troll.sparse import SparseDist, Support, compute_dtype, union
+from troll.dual import DualSolution, ImplicitT, check_eps, solve_dual
+from troll.sparse import Support, compute_dtype
 
 FLOAT32_MARGIN = 2e-6
 FLOAT32_TOL = 1e-9  # solver tolerance below float64: float32 log-probs carry ~1e-7 of KL rounding anyway
-
-
-def _check_eps(eps: float) -> None:
-    if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
-        raise ValueError(f"eps must be a positive finite number, got {eps!r}")
 
 
 def solve_t(a: Tensor, b: Tensor, eps: float, detach_dual: bool = False) -> tuple[Tensor, DualSolution]:
@@ -46,8 +49,8 @@ def solve_t(a: Tensor, b: Tensor, eps: float, detach_dual: bool = False) -> tupl
     For float64 the solver targets eps exactly (to 1e-12); otherwise eps - FLOAT32_MARGIN to FLOAT32_TOL, and
     t* is rounded down so the rounding can only move the result further inside the trust region.
     """
-    _check_eps(eps)
     exact = a.dtype == torch.float64
+    check_eps(eps)
     target = eps if exact else max(eps - FLOAT32_MARGIN, 0.5 * eps)
     sol = solve_dual(a.detach(), b.detach(), target, tol=1e-12 if exact else FLOAT32_TOL)
     t = sol.t.to(a.dtype)
@@ -89,20 +92,22 @@ def project_dense(logp_new: Tensor, logp_old: Tensor, eps: float, detach_dual: b
 
 @dataclass
 class Projection:
-    """The sparse projection of one batch of N tokens. logp: [N, U]; tail_logp, t, ...: [N]."""
+    """The sparse projection of one batch of N tokens on the atoms of `support` (U tokens + the rest).
 
-    support: Support  # both policies on the union support (lp carries the gradient)
-    logp: Tensor  # projected log-prob of each slot (tail value where ~support.mask)
-    tail_logp: Tensor  # projected log-prob of each of the tail_count tail entries
-    t: Tensor  # interpolation parameter t* = 1 / (1 + eta*), 1 where inactive
+    logp [N, U + 1]: projected log-mass of each atom (= p's where the token is inside the region); y: [N].
+    Inside the rest atom pi* keeps p's shape: pi*(v) = pi*(rest) p(v) / p(rest).
+    """
+
+    support: Support  # both policies on shared atoms (lp carries the gradient)
+    logp: Tensor
+    t: Tensor  # [N] interpolation parameter t* = 1 / (1 + eta*), 1 where inactive
     dual: DualSolution  # solver report: active, iters, converged, kl_before, kl_after (float64)
     eps: float  # the trust-region radius used
 
-    def at(self, tokens: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """log pi*(y), log p(y), log q(y) for token ids [N] (each [N]; the first two carry gradient)."""
-        pos = self.support.position(tokens)[:, None]
-        s = self.support
-        return self.logp.gather(-1, pos)[:, 0], s.lp.gather(-1, pos)[:, 0], s.lq.gather(-1, pos)[:, 0]
+    @property
+    def log_pi_y(self) -> Tensor:
+        """[N] log pi*(y) of the sampled token (with gradient)."""
+        return self.logp.gather(-1, self.support.y[:, None])[:, 0]
 
     def stats(self, valid: Tensor | None = None) -> dict[str, float]:
         """Scalar diagnostics over the rows where `valid` [N] is True (all rows by default)."""
@@ -131,36 +136,32 @@ class Projection:
             "iters_max": vmax(d.iters.double(), act),
             "frac_unconverged": float((~d.converged & v).sum()) / n,
             "residual_max": vmax((d.kl_after - self.eps).abs(), act),
-            "support_size_mean": mean(self.support.mask.sum(-1).double(), v, n),
+            "support_size_mean": mean(self.support.mask[:, :-1].sum(-1).double(), v, n),
         }
 
 
 def atoms(s: Support) -> tuple[Tensor, Tensor]:
-    """The dual's atoms for a union support: the U slots plus one tail atom of multiplicity tail_count.
+    """The dual's atoms: a = log p-mass - log q-mass, b = log q-mass, both [N, U + 1]; dead atoms: a = 0, b = -inf.
 
-    Returns a, b: [N, U + 1] (a = l_p - l_q per element, b = log q-mass of the atom; -inf = padding).
+    For an atom of several tokens whose two policies are proportional inside it (the paper's tail; the rest atom
+    after projection) the ratio of masses is the ratio of every member, so the dual of section 1 is unchanged.
     """
-    count = s.tail_count.to(s.lq.dtype)
-    b_tail = torch.where(count > 0, torch.log(count) + s.lq_tail, -math.inf)
-    a = torch.cat([torch.where(s.mask, s.lp - s.lq, 0.0), (s.lp_tail - s.lq_tail)[:, None]], -1)
-    b = torch.cat([s.lq.masked_fill(~s.mask, -math.inf), b_tail[:, None]], -1)
+    a = torch.where(s.mask, s.lp - s.lq, 0.0)
+    b = s.lq.masked_fill(~s.mask, -math.inf)
     return a, b
 
 
-def project_sparse(new: SparseDist, old: SparseDist, eps: float, detach_dual: bool = False) -> Projection:
-    """Project the current policy `new` onto the KL ball around `old` on their union support."""
-    s = union(new, old)
+def project_sparse(s: Support, eps: float, detach_dual: bool = False) -> Projection:
+    """Project p onto the KL ball of radius eps around q, atom by atom of the support `s` (sparse.build_support)."""
     a, b = atoms(s)
     t, sol = solve_t(a, b, eps, detach_dual)
-    logp, tail = s.lp, s.lp_tail  # inside the region pi* = p (masked slots already hold the tail value)
+    logp = s.lp  # inside the region pi* = p
     rows = sol.active.nonzero().squeeze(-1)
     if rows.numel():  # the closed form, built only on the rows outside the region (few, once trained)
-        ta = t[rows, None] * a[rows]
-        log_z = torch.logsumexp(b[rows] + ta, dim=-1, keepdim=True)
-        tail_r = s.lq_tail[rows, None] + ta[:, -1:] - log_z
-        logp = logp.index_put((rows,), torch.where(s.mask[rows], s.lq[rows] + ta[:, :-1] - log_z, tail_r))
-        tail = tail.index_put((rows,), tail_r[:, 0])
-    return Projection(support=s, logp=logp, tail_logp=tail, t=t, dual=sol, eps=eps)
+        s_r = b[rows] + t[rows, None] * a[rows]
+        proj = torch.where(s.mask[rows], s_r - torch.logsumexp(s_r, dim=-1, keepdim=True), 0.0)
+        logp = logp.index_put((rows,), proj)
+    return Projection(support=s, logp=logp, t=t, dual=sol, eps=eps)
 
 
 if __name__ == "__main__":  # python -m troll.project: the paper's three-token picture in numbers

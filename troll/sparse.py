@@ -1,43 +1,56 @@
-"""Sparse top-mass supports with a tail: how one policy over V tokens is stored in O(K) per token.
+"""Sparse supports: one policy over V tokens in O(K) numbers per token, and two policies on shared atoms.
 
-For each token position (row) and one policy with log-probs l over the vocabulary (ALGORITHM.md section 3):
+One policy, one row (a token position), log-probs l over the vocabulary (docs/algorithm.md, section 3):
 
-    kept S   = the smallest prefix of tokens sorted by probability with mass >= 1 - delta, at most K of
-               them, plus the sampled token y (always kept, so a row holds at most K + 1 entries)
-    tail     = the c = V - |S| dropped entries; each gets the same default probability tau (1e-12)
-    renorm   : log p_hat(v) = l(v) - log Z  for v in S,   log p_hat(tail) = log tau - log Z,
-               Z = sum_{v in S} exp(l(v)) + c * tau
+    S        = the smallest prefix of tokens sorted by probability with mass >= 1 - delta, at most K of them,
+               plus the sampled token y (always kept)
+    logp(v)  = l(v) for v in S: exact log-probs, normalised over all V tokens (not renormalised on S)
+    log_rest = log sum_{v not in S} exp(l(v)), the mass of everything dropped, computed in log space
+               (a logsumexp over the dropped entries, never 1 - sum_S in float32)
 
-Stored as a `SparseDist` (row count N, slot count W = K + 1):
-    idx [N, W] long, logp [N, W] float, mask [N, W] bool, tail_logp [N], tail_count [N] long.
-No [N, V] tensor is ever kept. Masked slots hold the tail value (so every stored number is finite);
-the current policy's kept values keep their autograd graph (gradients reach the logits through the
-gather and the log-normaliser, and through Z).
+Stored as a `SparseDist`: idx, logp, mask [N, W] (W = the batch's largest |S|; live slots first) and
+log_rest [N]. Masked slots repeat slot 0's id and value, so every number is finite and every id distinct
+per row. No [N, V] tensor is kept. `gather_logprobs` is the one pass over the full logits: a custom autograd
+op that returns l at any ids, the exact rest mass and the exact entropy, in row chunks, and keeps no [N, V]
+buffer but the logits themselves for backward.
 
-Two supports are combined on their union (`union`): an entry kept by only one policy takes the other
-policy's tail value; the remaining V - |S_new u S_old| entries are a shared tail with one value per
-policy. `kl` on a `Support` counts that tail, so with nothing dropped it equals the dense KL. The union is
-compacted to U = the largest union in the batch (live slots first, in id order), so everything downstream,
-the dual solver included, works on a peaked policy's handful of tokens rather than 2K + 2 slots.
+Two policies, p (current, with gradient) and q (old, a constant), on shared "atoms" (`Support`): U single
+tokens plus one last atom for the rest of the vocabulary; lp, lq are the log p- and q-masses of each atom.
+Two sparse models build it (`SUPPORTS`):
 
-Approximation error (one policy): KL(p || p_hat) = log Z + sum_{v dropped} p(v) log(p(v) / tau)
-    <= log(m + c tau) + (1 - m) log((1 - m) / tau),    m = kept mass >= 1 - delta,
-about delta * log(delta / tau) = 1.6e-4 for the paper's delta = 1e-5, tau = 1e-12 (`tail_error_bound`).
+    "rest"  (default): the atoms are q's kept set S and R = V \\ S. p is gathered exactly at S from its full
+            logits and its rest mass r_p = p(R) is exact too; r_q = q(R) likewise. Every atom mass is exact, so
+            KL over the atoms is the KL of the coarse-grained pair, KL_c(p || q) <= KL(p || q) (log-sum
+            inequality): no token is projected that is inside the trust region. No top-K of p is needed.
+    "paper" (the paper's model, for reproduction and ablation): each policy keeps its own top-mass set; every
+            dropped token gets the default probability tau = 1e-12 and each policy is renormalised,
+                log p_hat(v) = l(v) - log Z (v kept),  log p_hat(v) = log tau - log Z (dropped),
+                Z = sum_{v kept} exp(l(v)) + c tau,  c = V - |S|;
+            the atoms are the union of both kept sets plus a tail atom of the V - |union| entries. A token kept
+            by one policy only takes the other's tau / Z. Where the K cap binds, the supports differ at their
+            boundary and this KL can far exceed the true KL.
 
-Choices: sorting uses `topk` (never a full sort of V); with delta = 0 every entry of positive
-probability among the top K is kept (the prefix test is `remaining mass > delta`); arithmetic is float32
-for bf16/fp16/float32 inputs and float64 for float64 inputs.
+Both models agree with the dense computation when nothing is dropped (K = V, delta = 0). The bound on one
+policy's own sparsification error in the paper's model is `tail_error_bound` (about delta log(delta / tau)
+= 1.6e-4 for delta = 1e-5); it does not bound the error of the KL between two such policies.
+
+Choices: top-K selection uses `topk` (never a full sort of V); with delta = 0 every entry of positive probability
+among the top K is kept (the test is `mass from this slot on > delta`); arithmetic is float32 for
+bf16/fp16/float32 logits and float64 for float64 logits (`compute_dtype`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
 
 TAIL_PROB = 1e-12
+SUPPORTS = ("rest", "paper")
+TENSOR_FIELDS = ("idx", "logp", "mask", "log_rest")  # SparseDist's tensors, e.g. to store them in a batch dict
+CHUNK_ELEMENTS = 1 << 24  # rows per chunk of gather_logprobs: about 16M logits (64 MB in float32)
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -45,80 +58,135 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+# ----------------------------------------------------------------------------- one pass over the full logits
+
+
+class _GatherLogprobs(torch.autograd.Function):
+    """(x [N, V], idx [N, W], live [N, W]) -> log-softmax(x) at idx [N, W], log rest mass [N], entropy [N].
+
+    The rest is every id not among the live idx. Rows are processed in chunks; for backward only x is kept.
+    With G = sum_j g_j (live slots) and g_R the gradient of the log rest mass, p = softmax(x), r = p(rest):
+        dL/dx_v = g_v - p_v (G + g_R)                for v at a live slot
+        dL/dx_v = p_v / r * g_R - p_v (G + g_R)      for v in the rest: p_v / r = exp(x_v - lse_rest) <= 1
+    The entropy carries no gradient (a metric).
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, idx: Tensor, live: Tensor) -> tuple[Tensor, Tensor, Tensor]:  # type: ignore[override]
+        dt = compute_dtype(x.dtype)
+        n = x.shape[0]
+        lse = torch.empty(n, dtype=dt, device=x.device)
+        lse_rest, entropy = torch.empty_like(lse), torch.empty_like(lse)
+        logp = torch.empty(idx.shape, dtype=dt, device=x.device)
+        for r in _chunks(x):
+            xc = x[r].to(dt)
+            top = xc.amax(-1, keepdim=True)
+            e = (xc - top).exp_()
+            z = e.sum(-1)
+            lse[r] = top[:, 0] + z.log()
+            entropy[r] = z.log() - torch.special.xlogy(e, e).sum(-1) / z
+            logp[r] = xc.gather(-1, idx[r]) - lse[r, None]
+            zr = e.scatter_(-1, idx[r], 0.0).sum(-1)  # live ids only: masked slots repeat a live id
+            lse_rest[r] = top[:, 0] + zr.log()
+        if not bool(torch.isfinite(lse).all()):
+            rows = torch.nonzero(~torch.isfinite(lse))[:5, 0].tolist()
+            raise ValueError(f"logits contain NaN/+inf or a row with no finite entry (rows {rows})")
+        under = torch.nonzero(lse_rest == -math.inf)[:, 0]  # a rest below float range of the row's top: recompute
+        if under.numel():
+            lse_rest[under] = x[under].to(dt).scatter(-1, idx[under], -math.inf).logsumexp(-1)
+        ctx.save_for_backward(x, idx, live, lse, lse_rest)
+        ctx.mark_non_differentiable(entropy)
+        return logp, lse_rest - lse, entropy
+
+    @staticmethod
+    def backward(ctx, g: Tensor, g_rest: Tensor, _: Tensor):  # type: ignore[override]
+        x, idx, live, lse, lse_rest = ctx.saved_tensors
+        dt = lse.dtype
+        g = torch.where(live, g.to(dt), 0.0)
+        g_rest = g_rest.to(dt)
+        total = g.sum(-1) + g_rest
+        has_rest = torch.isfinite(lse_rest)
+        base = torch.where(has_rest, lse_rest, lse)  # p_v / r on the rest, or p_v where there is no rest
+        coef = g_rest - total * torch.where(has_rest, (lse_rest - lse).exp(), 0.0)
+        grad = torch.empty_like(x)
+        for r in _chunks(x):
+            gc = (x[r].to(dt) - base[r, None]).exp_().mul_(coef[r, None])
+            p_s = (x[r].to(dt).gather(-1, idx[r]) - lse[r, None]).exp()
+            at_s = g[r] - p_s * total[r, None]
+            at_s = torch.where(live[r], at_s, at_s[:, :1])  # masked slots repeat slot 0: write the same value
+            grad[r] = gc.scatter_(-1, idx[r], at_s)
+        return grad, None, None
+
+
+def _chunks(x: Tensor) -> list[slice]:
+    per = max(1, CHUNK_ELEMENTS // max(x.shape[-1], 1))
+    return [slice(i, i + per) for i in range(0, x.shape[0], per)]
+
+
+def gather_logprobs(logits: Tensor, idx: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """log-softmax(logits) at idx, the log-mass of every id not at a live slot, and the entropy.
+
+    logits [N, V] (any float dtype, -inf allowed for masked tokens), idx [N, W] long, mask [N, W] bool with
+    slot 0 live and distinct live ids per row. Returns logp [N, W] (masked slots: slot 0's value), log_rest
+    [N] (-inf when nothing is left), entropy [N] (no gradient); float32, or float64 for float64 logits.
+    """
+    idx = torch.where(mask, idx, idx[:, :1])
+    return _GatherLogprobs.apply(logits, idx, mask)
+
+
+# ----------------------------------------------------------------------------- one policy
+
+
 @dataclass
 class SparseDist:
-    """One policy on a sparse support with a tail (module docstring). Shapes: [N, W] and [N].
-
-    `log_norm` is log Z, so `logp + log_norm` are the exact (un-renormalised) log-probs of the kept entries:
-    the baselines' ratio p(y) / q(y) uses those, TROLL works on the renormalised sparse distributions.
-    """
+    """One policy on a sparse support (module docstring). idx, logp, mask: [N, W]; log_rest: [N]."""
 
     idx: Tensor
     logp: Tensor
     mask: Tensor
-    tail_logp: Tensor
-    tail_count: Tensor
-    log_norm: Tensor
+    log_rest: Tensor
     vocab_size: int
-
-    FIELDS = ("idx", "logp", "mask", "tail_logp", "tail_count", "log_norm")
 
     @property
     def size(self) -> Tensor:
         """[N] number of kept entries per row."""
         return self.mask.sum(-1)
 
-    def to_dense(self) -> Tensor:
-        """[N, V] log-probs: the kept values, the tail value everywhere else (small V only: tests, notebooks)."""
-        out = self.tail_logp[:, None].expand(-1, self.vocab_size).clone()
-        rows = torch.arange(self.idx.shape[0], device=self.idx.device)[:, None].expand_as(self.idx)
-        out[rows[self.mask], self.idx[self.mask]] = self.logp[self.mask]
-        return out
-
-    def _map(self, fn) -> SparseDist:
-        return SparseDist(*(fn(getattr(self, f)) for f in self.FIELDS), self.vocab_size)
+    def map(self, fn) -> SparseDist:
+        """Apply `fn` to every tensor field (select rows, move, detach)."""
+        return replace(self, **{f: fn(getattr(self, f)) for f in TENSOR_FIELDS})
 
     def select(self, rows: Tensor) -> SparseDist:
         """The rows `rows` ([n] long) of this distribution, e.g. one micro-batch."""
-        return self._map(lambda x: x[rows])
+        return self.map(lambda x: x[rows])
 
     def to(self, device: torch.device | str) -> SparseDist:
-        return self._map(lambda x: x.to(device))
+        return self.map(lambda x: x.to(device))
 
     def detach(self) -> SparseDist:
-        return self._map(lambda x: x.detach())
+        return self.map(lambda x: x.detach())
+
+    def to_dense(self, tail_prob: float | None = None) -> Tensor:
+        """[N, V] log-probs (small V only: tests, notebooks). Dropped entries share the rest mass equally, or
+        with `tail_prob` get the paper's renormalised tail value."""
+        if tail_prob is None:
+            count = (self.vocab_size - self.size).to(self.logp.dtype)
+            logp, fill = self.logp, self.log_rest - count.log()
+        else:
+            logp, fill, _ = paper_model(self, tail_prob)
+        out = fill[:, None].expand(-1, self.vocab_size).clone()
+        rows = torch.arange(self.idx.shape[0], device=self.idx.device)[:, None].expand_as(self.idx)
+        out[rows[self.mask], self.idx[self.mask]] = logp[self.mask]
+        return out
 
 
-def cat_rows(dists: list[SparseDist]) -> SparseDist:
-    """Stack the rows of several distributions over the same vocabulary (e.g. micro-batches)."""
-    if len({(d.vocab_size, d.idx.shape[1]) for d in dists}) != 1:
-        raise ValueError("cat_rows needs distributions with one vocabulary size and one slot count")
-    return SparseDist(*(torch.cat([getattr(d, f) for d in dists]) for f in SparseDist.FIELDS), dists[0].vocab_size)
-
-
-@dataclass
-class Support:
-    """Two policies ("new" p and "old" q) on the union of their kept supports.
-
-    idx, mask, lp, lq: [N, U] (U = the largest union size in the batch); lp_tail, lq_tail, tail_count: [N].
-    lp carries p's gradient.
-    """
-
-    idx: Tensor
-    mask: Tensor
-    lp: Tensor
-    lq: Tensor
-    lp_tail: Tensor
-    lq_tail: Tensor
-    tail_count: Tensor
-    vocab_size: int
-
-    def position(self, tokens: Tensor) -> Tensor:
-        """[N] slot of each token id (tokens: [N]); raises if a token is not on the support."""
-        hit = (self.idx == tokens[:, None]) & self.mask
-        if not bool(hit.any(-1).all()):
-            raise ValueError("a token is not on the support (sparsify with the sampled tokens)")
-        return hit.long().argmax(-1)
+def _check_k_delta(k: int, delta: float, tail_prob: float = TAIL_PROB) -> None:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be an integer >= 1, got {k!r}")
+    if not (isinstance(delta, (int, float)) and 0 <= delta < 1):
+        raise ValueError(f"delta must be a number in [0, 1), got {delta!r}")
+    if not (isinstance(tail_prob, (int, float)) and 0 < tail_prob < 1):
+        raise ValueError(f"tail_prob must be a number in (0, 1), got {tail_prob!r}")
 
 
 def _check_logits(x: Tensor, tokens: Tensor) -> None:
@@ -126,49 +194,43 @@ def _check_logits(x: Tensor, tokens: Tensor) -> None:
         raise ValueError(f"expected logits [N, V] and tokens [N]; got {tuple(x.shape)} and {tuple(tokens.shape)}")
     if not x.is_floating_point():
         raise ValueError(f"logits must be floating point, got {x.dtype}")
+    _check_tokens(tokens, x.shape[1])
+
+
+def _check_tokens(tokens: Tensor, vocab_size: int, what: str = "token ids") -> None:
     if tokens.dtype != torch.long:
-        raise ValueError(f"tokens must be int64, got {tokens.dtype}")
-    if tokens.numel() and not bool(((tokens >= 0) & (tokens < x.shape[1])).all()):
-        raise ValueError(f"token ids must lie in [0, {x.shape[1]})")
+        raise ValueError(f"{what} must be int64, got {tokens.dtype}")
+    if tokens.numel() and not bool(((tokens >= 0) & (tokens < vocab_size)).all()):
+        raise ValueError(f"{what} must lie in [0, {vocab_size})")
 
 
-class _GatherLogSoftmax(torch.autograd.Function):
-    """log_softmax(x)[n, idx[n, j]] -> [N, W] without keeping a log-softmax copy for backward.
-
-    Saves x itself; the gradient is built in one [N, V] buffer:  dL/dx = scatter_add(g at idx) - softmax(x) * sum_j g_j.
-    (Autograd through logsumexp + topk + gather would hold four [N, V] buffers at once.)
-    """
-
-    @staticmethod
-    def forward(ctx, x: Tensor, idx: Tensor) -> Tensor:  # type: ignore[override]
-        ctx.save_for_backward(x, idx)
-        return x.log_softmax(-1, dtype=compute_dtype(x.dtype)).gather(-1, idx)
-
-    @staticmethod
-    def backward(ctx, g: Tensor):  # type: ignore[override]
-        x, idx = ctx.saved_tensors
-        grad = x.softmax(-1, dtype=g.dtype).mul_(-g.sum(-1, keepdim=True)).scatter_add_(-1, idx, g)
-        return grad.to(x.dtype), None
-
-
-def sparsify(
-    logits: Tensor, tokens: Tensor, k: int = 64, delta: float = 1e-5, tail_prob: float = TAIL_PROB
-) -> SparseDist:
+def sparsify(logits: Tensor, tokens: Tensor, k: int = 64, delta: float = 1e-5) -> SparseDist:
     """Sparse support of one policy from full logits or log-probs [N, V] and sampled tokens [N].
 
-    Rows are normalised here (log-softmax), so logits and log-probs give the same result. -inf entries are
-    allowed (masked tokens); NaN, +inf, an all -inf row or a sampled token of zero probability raise.
+    Rows are normalised here, so logits and log-probs give the same result; logp keeps the logits' gradient.
+    -inf entries are allowed (masked tokens); NaN, +inf, an all -inf row or a sampled token of zero
+    probability raise.
     """
+    return sparsify_with_entropy(logits, tokens, k, delta)[0]
+
+
+def sparsify_with_entropy(logits: Tensor, tokens: Tensor, k: int, delta: float) -> tuple[SparseDist, Tensor]:
+    """`sparsify`, plus the exact entropy [N] of each row's full distribution (no gradient)."""
     _check_logits(logits, tokens)
-    top_idx = logits.detach().topk(min(k, logits.shape[-1]), dim=-1).indices
-    lp = _GatherLogSoftmax.apply(logits, torch.cat([top_idx, tokens[:, None]], dim=-1))
-    top_logp, tok_logp = lp[:, :-1], lp[:, -1]
-    if not bool(torch.isfinite(torch.stack([top_logp[:, 0], tok_logp])).all()):
-        bad = ~torch.isfinite(top_logp[:, 0])  # NaN / +inf / all -inf rows are NaN in every slot
-        what = "NaN/+inf logits or an all -inf row" if bool(bad.any()) else "a sampled token of zero probability"
-        rows = torch.nonzero(bad | ~torch.isfinite(tok_logp))[:5, 0].tolist()
-        raise ValueError(f"cannot sparsify: {what} (rows {rows})")
-    return _from_sorted(top_logp, top_idx, tok_logp, tokens, logits.shape[-1], delta, tail_prob)
+    _check_k_delta(k, delta)
+    top = logits.detach().topk(min(k, logits.shape[-1]), dim=-1).indices  # sorted by probability
+    y_apart = ~(top == tokens[:, None]).any(-1, keepdim=True)
+    cand = torch.cat([top, tokens[:, None]], -1)
+    live = torch.cat([torch.ones_like(top, dtype=torch.bool), y_apart], -1)
+    cand_logp, cand_rest, entropy = gather_logprobs(logits, cand, live)  # one pass over [N, V]
+    with torch.no_grad():
+        beyond = cand_rest.exp() + torch.where(y_apart[:, 0], cand_logp[:, -1].exp(), 0.0)
+        order, mask = _keep(cand_logp[:, :-1], beyond, top, tokens, delta)
+        dropped = live & ~torch.zeros_like(live).scatter_(-1, order, mask)  # live candidates left out of S
+    idx, logp = cand.gather(-1, order), cand_logp.gather(-1, order)
+    log_rest = _logsumexp(torch.cat([cand_rest[:, None], cand_logp.masked_fill(~dropped, -math.inf)], -1))
+    _check_sampled(logp, idx, mask, tokens)
+    return SparseDist(_fill(idx, mask), _fill(logp, mask), mask, log_rest, logits.shape[-1]), entropy
 
 
 def sparsify_topk(
@@ -180,68 +242,189 @@ def sparsify_topk(
     delta: float = 1e-5,
     tail_prob: float = TAIL_PROB,
 ) -> SparseDist:
-    """Sparse support from an engine's top-K log-probs ([N, K], normalised over V, any order) and the
-    sampled tokens' log-probs [N]: the behaviour policy, without ever seeing its [N, V] logits."""
+    """Sparse support from an engine's top-K log-probs ([N, K], normalised over V, any order) and the sampled
+    tokens' log-probs [N]: the behaviour policy, without its [N, V] logits.
+
+    The rest mass is 1 - sum_S q, computed in float64 and floored at (V - |S|) * tail_prob: below the rounding
+    of the engine's log-probs the remainder is unknown, and the floor is the paper's tail mass.
+    """
     if top_logp.shape != top_idx.shape or top_logp.dim() != 2 or token_logp.shape != top_logp.shape[:1]:
         raise ValueError(
             f"expected top_logp/top_idx [N, K] and token_logp [N]; got "
             f"{tuple(top_logp.shape)}, {tuple(top_idx.shape)}, {tuple(token_logp.shape)}"
         )
+    _check_k_delta(max(top_idx.shape[1], 1), delta, tail_prob)
+    _check_tokens(top_idx, vocab_size, "top-K ids")
+    if tokens.shape != token_logp.shape:
+        raise ValueError(f"tokens {tuple(tokens.shape)} and token_logp {tuple(token_logp.shape)} differ in shape")
+    _check_tokens(tokens, vocab_size)
     if torch.isnan(top_logp).any() or torch.isnan(token_logp).any() or (top_logp > 1e-4).any():
         raise ValueError("top-K log-probs must be log-probabilities (<= 0, no NaN)")
-    top_logp = top_logp.to(compute_dtype(top_logp.dtype))
-    top_logp, order = top_logp.sort(dim=-1, descending=True)
-    return _from_sorted(
-        top_logp,
-        top_idx.gather(-1, order),
-        token_logp.to(top_logp.dtype),
-        tokens,
-        vocab_size,
-        delta,
-        tail_prob,
-    )
+    dt = compute_dtype(top_logp.dtype)
+    top_logp, order = top_logp.to(dt).sort(dim=-1, descending=True, stable=True)
+    top_idx = top_idx.gather(-1, order)
+    y_apart = ~(top_idx == tokens[:, None]).any(-1)
+    p64 = top_logp.double().exp()
+    beyond = (1.0 - p64.sum(-1) - torch.where(y_apart, token_logp.double().exp(), 0.0)).clamp_min(0.0)
+    order, mask = _keep(top_logp, beyond.to(dt), top_idx, tokens, delta)
+    idx = torch.cat([top_idx, tokens[:, None]], -1).gather(-1, order)
+    logp = torch.cat([top_logp, token_logp.to(dt)[:, None]], -1).gather(-1, order)
+    _check_sampled(logp, idx, mask, tokens)
+    count = (vocab_size - mask.sum(-1)).double()
+    rest = (1.0 - torch.where(mask, logp.double().exp(), 0.0).sum(-1)).clamp_min(count * tail_prob)
+    log_rest = torch.where(count > 0, rest.log(), -math.inf).to(dt)
+    return SparseDist(_fill(idx, mask), _fill(logp, mask), mask, log_rest, vocab_size)
 
 
-def _from_sorted(
-    top_logp: Tensor,
-    top_idx: Tensor,
-    tok_logp: Tensor,
-    tokens: Tensor,
-    vocab_size: int,
-    delta: float,
-    tail_prob: float,
-) -> SparseDist:
-    """Apply the mass-prefix rule to sorted candidates [N, K], add the sampled token, renormalise."""
-    with torch.no_grad():
-        p = top_logp.exp()
-        beyond = (1.0 - p.sum(-1, keepdim=True)).clamp_min(0.0)  # mass outside the K candidates
-        remaining = p.flip(-1).cumsum(-1).flip(-1) + beyond  # mass from slot j on
-        keep = (remaining > delta) & (p > 0)
-        tok_kept = ((top_idx == tokens[:, None]) & keep).any(-1, keepdim=True)
-    idx = torch.cat([top_idx, tokens[:, None]], dim=-1)
-    logp = torch.cat([top_logp, tok_logp[:, None]], dim=-1)
-    mask = torch.cat([keep, ~tok_kept], dim=-1)
-    count = vocab_size - mask.sum(-1)
-    kept = torch.logsumexp(logp.masked_fill(~mask, -math.inf), dim=-1)
-    log_tail = torch.log(count.to(logp.dtype)) + math.log(tail_prob)
-    log_z = torch.logaddexp(kept, log_tail)
-    tail_logp = math.log(tail_prob) - log_z
-    logp = torch.where(mask, logp - log_z[:, None], tail_logp[:, None])
-    return SparseDist(idx, logp, mask, tail_logp, count, log_z, vocab_size)
+def _keep(top_logp: Tensor, beyond: Tensor, top_idx: Tensor, tokens: Tensor, delta: float) -> tuple[Tensor, Tensor]:
+    """The mass-prefix rule. Candidates: the C entries top_logp, top_idx [N, C] sorted by probability, then the
+    sampled token (position C); beyond [N] is the mass outside the C. Keeps the smallest prefix whose mass
+    reaches 1 - delta (`mass from this slot on > delta`) and y. Returns positions into the C + 1 candidates and
+    the live mask, both [N, W] with live slots first and W = the batch's largest kept count."""
+    p = top_logp.exp()
+    remaining = p.flip(-1).cumsum(-1).flip(-1) + beyond[:, None]  # mass from slot j on
+    is_y = top_idx == tokens[:, None]
+    keep = ((remaining > delta) & (p > 0)) | is_y
+    mask = torch.cat([keep, ~is_y.any(-1, keepdim=True)], -1)
+    width = int(mask.sum(-1).max()) if mask.shape[0] else 1
+    order = (~mask).to(torch.uint8).argsort(dim=-1, stable=True)[:, :width]
+    return order, mask.gather(-1, order)
 
 
-def union(new: SparseDist, old: SparseDist) -> Support:
-    """Both policies on the union of their supports; an entry missing from one takes its tail value."""
-    if new.vocab_size != old.vocab_size or new.idx.shape[0] != old.idx.shape[0]:
-        raise ValueError(
-            f"supports disagree: vocab {new.vocab_size} vs {old.vocab_size}, "
-            f"rows {new.idx.shape[0]} vs {old.idx.shape[0]}"
+def _fill(x: Tensor, mask: Tensor) -> Tensor:
+    """Masked slots repeat slot 0 (live), so stored numbers are finite and live ids stay distinct."""
+    return torch.where(mask, x, x[:, :1])
+
+
+def _logsumexp(x: Tensor) -> Tensor:
+    """logsumexp over the last dim that is -inf (with a zero, not NaN, gradient) on rows with no finite entry."""
+    some = (x > -math.inf).any(-1)
+    return torch.where(some, torch.where(some[:, None], x, 0.0).logsumexp(-1), -math.inf)
+
+
+def _check_sampled(logp: Tensor, idx: Tensor, mask: Tensor, tokens: Tensor) -> None:
+    at_y = torch.where((idx == tokens[:, None]) & mask, logp.detach(), -math.inf).amax(-1)
+    if not bool(torch.isfinite(at_y).all()):
+        rows = torch.nonzero(~torch.isfinite(at_y))[:5, 0].tolist()
+        raise ValueError(f"cannot sparsify: a sampled token of zero probability (rows {rows})")
+
+
+def cat_rows(dists: list[SparseDist]) -> SparseDist:
+    """Stack the rows of several distributions over one vocabulary (e.g. micro-batches); pads to the widest."""
+    if not dists or len({d.vocab_size for d in dists}) != 1:
+        raise ValueError("cat_rows needs at least one distribution, all over one vocabulary size")
+    width = max(d.idx.shape[1] for d in dists)
+
+    def widen(d: SparseDist) -> SparseDist:  # dead slots repeating slot 0, up to `width`
+        extra = width - d.idx.shape[1]
+        pad = d.mask.new_zeros(d.mask.shape[0], extra)
+        return replace(
+            d,
+            idx=torch.cat([d.idx, d.idx[:, :1].expand(-1, extra)], -1),
+            logp=torch.cat([d.logp, d.logp[:, :1].expand(-1, extra)], -1),
+            mask=torch.cat([d.mask, pad], -1),
         )
+
+    parts = [widen(d) for d in dists]
+    return replace(parts[0], **{f: torch.cat([getattr(d, f) for d in parts]) for f in TENSOR_FIELDS})
+
+
+def paper_model(d: SparseDist, tail_prob: float = TAIL_PROB) -> tuple[Tensor, Tensor, Tensor]:
+    """The paper's renormalised values: kept log-probs [N, W], each dropped entry's log-prob [N], count [N]."""
+    count = d.vocab_size - d.size
+    kept = torch.where(d.mask, d.logp, -math.inf).logsumexp(-1)
+    log_z = torch.logaddexp(kept, count.to(d.logp.dtype).log() + math.log(tail_prob))
+    return d.logp - log_z[:, None], math.log(tail_prob) - log_z, count
+
+
+# ----------------------------------------------------------------------------- two policies on shared atoms
+
+
+@dataclass
+class Support:
+    """p (with gradient) and q on shared atoms: U single tokens, then one atom for the rest of the vocabulary.
+
+    idx [N, U]: the single atoms' token ids; mask [N, U + 1]: live atoms (the last one is live when it holds
+    q-mass); lp, lq [N, U + 1]: log p- and q-mass of each atom (0.0 on dead atoms); count [N]: vocabulary
+    entries in the last atom; y [N]: the sampled token's atom; lp_y, lq_y [N]: its exact log p(y), log q(y)
+    (over all V, whichever model); entropy [N]: p's exact entropy (no gradient).
+    """
+
+    idx: Tensor
+    mask: Tensor
+    lp: Tensor
+    lq: Tensor
+    count: Tensor
+    y: Tensor
+    lp_y: Tensor
+    lq_y: Tensor
+    entropy: Tensor
+
+
+def support_kl(s: Support) -> Tensor:
+    """KL(p || q) over the atoms, per row [N] (rest model: the coarse KL, a lower bound of the true KL)."""
+    return atom_kl(s.lp, s.lq, s.mask)
+
+
+def atom_kl(lp: Tensor, lq: Tensor, mask: Tensor) -> Tensor:
+    """KL(p || q) per row [N] for two distributions given as log-masses on the same atoms [N, A]."""
+    w = torch.where(mask, lp, -math.inf).exp()  # no NaN gradients through dead atoms
+    return (w * torch.where(mask, lp - lq, 0.0)).sum(-1)
+
+
+def build_support(
+    logits: Tensor, tokens: Tensor, old: SparseDist, model: str = "rest", k: int = 64, delta: float = 1e-5
+) -> Support:
+    """p (full logits [N, V], with gradient) and q (`old`, a constant) on shared atoms, under `model`."""
+    _check_logits(logits, tokens)
+    if model not in SUPPORTS:
+        raise ValueError(f"unknown sparse model {model!r}; choose from {SUPPORTS}")
+    if old.vocab_size != logits.shape[1] or old.idx.shape[0] != logits.shape[0]:
+        raise ValueError(
+            f"old policy has {old.idx.shape[0]} rows over {old.vocab_size} tokens; expected "
+            f"{logits.shape[0]} rows over V = {logits.shape[1]}"
+        )
+    old = old.detach().to(logits.device)
+    if model == "paper":
+        new, entropy = sparsify_with_entropy(logits, tokens, k, delta)
+        return _union(new, old, tokens, entropy)
+    y = _token_slot(old, tokens)
+    lp, lp_rest, entropy = gather_logprobs(logits, old.idx, old.mask)
+    lq = old.logp.to(lp.dtype)
+    lq_rest = old.log_rest.to(lp.dtype)
+    live_rest = lq_rest > -math.inf
+    if bool((~live_rest & (lp_rest > -math.inf)).any()):
+        raise ValueError("the current policy has mass outside the old policy's support where the old one has none")
+    mask = torch.cat([old.mask, live_rest[:, None]], -1)
+    lp_all = torch.where(mask, torch.cat([lp, lp_rest[:, None]], -1), 0.0)
+    lq_all = torch.where(mask, torch.cat([lq, lq_rest[:, None]], -1), 0.0)
+    lp_y, lq_y = lp.gather(-1, y[:, None])[:, 0], lq.gather(-1, y[:, None])[:, 0]
+    if not bool(torch.isfinite(lp_y.detach()).all()):
+        raise ValueError("the current policy gives a sampled token zero probability (inconsistent vocabulary masks?)")
+    return Support(old.idx, mask, lp_all, lq_all, old.vocab_size - old.size, y, lp_y, lq_y, entropy)
+
+
+def _token_slot(d: SparseDist, tokens: Tensor) -> Tensor:
+    """[N] slot of each sampled token on d's support; raises if one is missing."""
+    hit = (d.idx == tokens[:, None]) & d.mask
+    if not bool(hit.any(-1).all()):
+        raise ValueError("old policy does not hold the sampled tokens (build it with sparsify(..., tokens))")
+    return hit.to(torch.uint8).argmax(-1)
+
+
+def _union(new: SparseDist, old: SparseDist, tokens: Tensor, entropy: Tensor) -> Support:
+    """The paper's model: both renormalised policies on the union of their kept sets plus a shared tail atom;
+    an entry kept by one policy only takes the other's tail value."""
+    lp_y = new.logp.gather(-1, _token_slot(new, tokens)[:, None])[:, 0]
+    lq_y = old.logp.gather(-1, _token_slot(old, tokens)[:, None])[:, 0].to(lp_y.dtype)
+    lp_new, tail_p, _ = paper_model(new)
+    lq_old, tail_q, _ = paper_model(old)
+    lq_old, tail_q = lq_old.to(lp_new.dtype), tail_q.to(lp_new.dtype)
     n, wo, wn = old.idx.shape[0], old.idx.shape[1], new.idx.shape[1]
     sentinel = new.vocab_size  # sorts after every real id
     idx = torch.cat([old.idx.masked_fill(~old.mask, sentinel), new.idx.masked_fill(~new.mask, sentinel)], -1)
-    lq = torch.cat([old.logp.to(new.logp.dtype), old.tail_logp[:, None].to(new.logp.dtype).expand(n, wn)], -1)
-    lp = torch.cat([new.tail_logp[:, None].expand(n, wo), new.logp], -1)
+    lq = torch.cat([lq_old, tail_q[:, None].expand(n, wn)], -1)
+    lp = torch.cat([tail_p[:, None].expand(n, wo), lp_new], -1)
     idx, perm = idx.sort(dim=-1, stable=True)  # an id in both appears twice, the old copy first
     lq, lp = lq.gather(-1, perm), lp.gather(-1, perm)
     same = (idx[:, 1:] == idx[:, :-1]) & (idx[:, 1:] < sentinel)
@@ -249,37 +432,23 @@ def union(new: SparseDist, old: SparseDist) -> Support:
     first, second = torch.cat([same, no], -1), torch.cat([no, same], -1)
     lp = torch.where(first, lp.roll(-1, dims=-1), lp)  # the old copy takes p's value from the new copy
     mask = (idx < sentinel) & ~second
-    # Compact: live slots first (still in id order), then drop the columns that are padding in every row, so
-    # U is the largest union size in the batch (a peaked policy's few tokens, not 2K + 2).
-    width = int(mask.sum(-1).max()) if n else 0
+    width = int(mask.sum(-1).max()) if n else 0  # compact: live slots first, U = the batch's largest union
     order = (~mask).to(torch.uint8).argsort(dim=-1, stable=True)[:, :width]
     idx, mask, lp, lq = (x.gather(-1, order) for x in (idx, mask, lp, lq))
-    lq_tail = old.tail_logp.to(new.logp.dtype)
-    return Support(
-        idx.masked_fill(~mask, 0),  # a valid id everywhere, so gathers with idx never go out of range
-        mask,
-        torch.where(mask, lp, new.tail_logp[:, None]),
-        torch.where(mask, lq, lq_tail[:, None]),
-        new.tail_logp,
-        lq_tail,
-        new.vocab_size - mask.sum(-1),
-        new.vocab_size,
-    )
-
-
-def kl(lp: Tensor, lq: Tensor, mask: Tensor, lp_tail: Tensor, lq_tail: Tensor, tail_count: Tensor) -> Tensor:
-    """KL(p || q) per row [N] for two distributions on one support [N, U] plus a shared tail."""
-    slots = torch.where(mask, lp.exp() * (lp - lq), 0.0).sum(-1)
-    return slots + tail_count.to(lp.dtype) * lp_tail.exp() * (lp_tail - lq_tail)
-
-
-def support_kl(s: Support) -> Tensor:
-    """KL(new || old) per row [N] on a union support, tail included."""
-    return kl(s.lp, s.lq, s.mask, s.lp_tail, s.lq_tail, s.tail_count)
+    idx = idx.masked_fill(~mask, 0)
+    count = new.vocab_size - mask.sum(-1)
+    log_c = count.to(lp.dtype).log()
+    live_tail = count > 0
+    mask = torch.cat([mask, live_tail[:, None]], -1)
+    lp = torch.where(mask, torch.cat([lp, (log_c + tail_p)[:, None]], -1), 0.0)
+    lq = torch.where(mask, torch.cat([lq, (log_c + tail_q)[:, None]], -1), 0.0)
+    y = (idx == tokens[:, None]).to(torch.uint8).argmax(-1)
+    return Support(idx, mask, lp, lq, count, y, lp_y, lq_y, entropy)
 
 
 def tail_error_bound(kept_mass: Tensor, tail_count: Tensor, tail_prob: float = TAIL_PROB) -> Tensor:
-    """Upper bound on KL(p || p_hat) from sparsifying p (module docstring); kept_mass m, tail_count c: [N]."""
+    """The paper's model: upper bound on KL(p || p_hat) from sparsifying one policy p, with kept mass m and
+    tail count c [N]:  KL <= log(m + c tau) + (1 - m) log((1 - m) / tau)."""
     dropped = (1.0 - kept_mass).clamp_min(0.0)
-    xlogx = torch.where(dropped > 0, dropped * torch.log(dropped / tail_prob), 0.0)
-    return torch.log(kept_mass + tail_count * tail_prob) + xlogx
+    xlogy = torch.where(dropped > 0, dropped * torch.log(dropped / tail_prob), 0.0)
+    return torch.log(kept_mass + tail_count * tail_prob) + xlogy

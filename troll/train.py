@@ -303,7 +303,7 @@ def update(
 
 
 def loss_kwargs(cfg: Config) -> dict:
-    base = {"k": cfg.k, "delta": cfg.delta}
+    base = {"k": cfg.k, "delta": cfg.delta, "support": cfg.support}
     if cfg.loss == "troll":
         return base | {"eps": cfg.eps, "alpha": cfg.alpha, "level": cfg.level}
     if cfg.loss == "ppo_clip":

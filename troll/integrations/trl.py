@@ -57,7 +57,7 @@ from torch import Tensor
 
 from troll.losses import troll_loss
 from troll.rollout import packed_logits
-from troll.sparse import SparseDist, sparsify
+from troll.sparse import SUPPORTS, TENSOR_FIELDS, SparseDist, cat_rows, sparsify
 
 TRL_VERSIONS = ">=1.16,<1.17"
 AGG = {"dapo": "token-mean", "bnpo": "token-mean", "grpo": "seq-mean-token-mean", "dr_grpo": "seq-mean-token-sum-norm"}
@@ -93,6 +93,10 @@ class TROLLConfig(GRPOConfig):
     troll_alpha: float = field(default=1.0, metadata={"help": "TROLL: weight of the regression term."})
     troll_k: int = field(default=64, metadata={"help": "TROLL: at most K tokens per sparse support."})
     troll_delta: float = field(default=1e-5, metadata={"help": "TROLL: kept mass >= 1 - delta."})
+    troll_support: str = field(
+        default="rest",
+        metadata={"help": "TROLL's sparse model: rest (old support + one exact rest atom) or paper (1e-12 tail)."},
+    )
     troll_detach_dual: bool = field(default=False, metadata={"help": "TROLL: no gradient through the dual."})
     vllm_importance_sampling_correction: bool = field(
         default=False, metadata={"help": "Must stay False with TROLL: q is the trainer's own recomputation."}
@@ -116,6 +120,8 @@ class TROLLConfig(GRPOConfig):
         wrong = [f"{name} ({why}; got {getattr(self, name)!r})" for name, (hit, why) in bad.items() if hit]
         if wrong:
             raise ValueError("TROLLConfig does not support: " + "; ".join(wrong))
+        if self.troll_support not in SUPPORTS:
+            raise ValueError(f"troll_support must be one of {SUPPORTS}, got {self.troll_support!r}")
         if not (self.troll_eps > 0 and self.troll_alpha >= 0 and self.troll_k >= 1 and 0 <= self.troll_delta < 1):
             raise ValueError(
                 f"need troll_eps > 0, troll_alpha >= 0, troll_k >= 1, 0 <= troll_delta < 1; got {self.troll_eps}, "
@@ -147,8 +153,9 @@ class TROLLGRPOTrainer(GRPOTrainer):
                 tokens = batch["completion_ids"][s : s + chunk]
                 q = sparsify(logits.flatten(0, 1), tokens.flatten(), k=self.args.troll_k, delta=self.args.troll_delta)
                 parts.append(q)
-        for name in SparseDist.FIELDS:
-            value = torch.cat([getattr(q, name) for q in parts])
+        q = cat_rows(parts)  # micro-batches may keep supports of different widths
+        for name in TENSOR_FIELDS:
+            value = getattr(q, name)
             batch[OLD + name] = value.view(ids.shape[0], T, *value.shape[1:])
         return batch
 
@@ -179,6 +186,7 @@ class TROLLGRPOTrainer(GRPOTrainer):
             alpha=self.args.troll_alpha,
             k=self.args.troll_k,
             delta=self.args.troll_delta,
+            support=self.args.troll_support,
             agg=AGG[self.loss_type],
             norm_len=self.max_completion_length,
             level=self.importance_sampling_level,
@@ -219,5 +227,4 @@ def _packed(batch: dict[str, Any]) -> tuple[Tensor, Tensor, int]:
 
 def old_policy(batch: dict[str, Any], vocab_size: int) -> SparseDist:
     """The stored q of a (micro-)batch as a SparseDist over its B*T rows, row-major as troll_loss expects."""
-    fields = [batch[OLD + name] for name in SparseDist.FIELDS]
-    return SparseDist(*(x.flatten(0, 1) for x in fields), vocab_size)
+    return SparseDist(**{name: batch[OLD + name].flatten(0, 1) for name in TENSOR_FIELDS}, vocab_size=vocab_size)
