@@ -2,7 +2,9 @@
 
 Every loss takes the same inputs and returns (loss, metrics):
 
-    logits     [B, T, V]  current policy at the completion positions (temperature already applied), with grad
+    logits     [B, T, V]  current policy at the completion positions (temperature already applied), with grad;
+                          or a `head.LMHead` over hidden states [B, T, H]: the chunked output layer, which never
+                          builds the [B, T, V] logits (same values and gradients)
     tokens     [B, T]     sampled token ids
     mask       [B, T]     True on real completion tokens
     adv        [B]        one advantage per response (advantages.py)
@@ -92,7 +94,7 @@ def _support(
 ) -> Support:
     """Check the common inputs and put p and q on shared atoms over the B*T rows (sparse.build_support)."""
     b, t = tokens.shape if tokens.dim() == 2 else (-1, -1)
-    if logits.dim() != 3 or logits.shape[:2] != (b, t) or mask.shape != (b, t) or adv.shape != (b,):
+    if len(logits.shape) != 3 or logits.shape[:2] != (b, t) or mask.shape != (b, t) or adv.shape != (b,):
         raise ValueError(
             f"expected logits [B, T, V], tokens/mask [B, T], adv [B]; got {tuple(logits.shape)}, "
             f"{tuple(tokens.shape)}, {tuple(mask.shape)}, {tuple(adv.shape)}"

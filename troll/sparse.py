@@ -10,9 +10,9 @@ One policy, one row (a token position), log-probs l over the vocabulary (docs/al
 
 Stored as a `SparseDist`: idx, logp, mask [N, W] (W = the batch's largest |S|; live slots first) and
 log_rest [N]. Masked slots repeat slot 0's id and value, so every number is finite and every id distinct
-per row. No [N, V] tensor is kept. `gather_logprobs` is the one pass over the full logits: a custom autograd
-op that returns l at any ids, the exact rest mass and the exact entropy, in row chunks, and keeps no [N, V]
-buffer but the logits themselves for backward.
+per row. No [N, V] tensor is kept. The one pass over the vocabulary is `head.gather_logprobs` (log-probs at
+the kept ids, the exact rest mass and the entropy, in row chunks, from full logits or from the output layer's
+hidden states and weight): every function here takes either (`head.Logits`).
 
 Two policies, p (current, with gradient) and q (old, a constant), on shared "atoms" (`Support`): U single
 tokens plus one last atom for the rest of the vocabulary; lp, lq are the log p- and q-masses of each atom.
@@ -47,91 +47,11 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
+from troll.head import Logits, compute_dtype, gather_logprobs, topk
+
 TAIL_PROB = 1e-12
 SUPPORTS = ("rest", "paper")
 TENSOR_FIELDS = ("idx", "logp", "mask", "log_rest")  # SparseDist's tensors, e.g. to store them in a batch dict
-CHUNK_ELEMENTS = 1 << 24  # rows per chunk of gather_logprobs: about 16M logits (64 MB in float32)
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float64 stays float64; every other float type is computed in float32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-# ----------------------------------------------------------------------------- one pass over the full logits
-
-
-class _GatherLogprobs(torch.autograd.Function):
-    """(x [N, V], idx [N, W], live [N, W]) -> log-softmax(x) at idx [N, W], log rest mass [N], entropy [N].
-
-    The rest is every id not among the live idx. Rows are processed in chunks; for backward only x is kept.
-    With G = sum_j g_j (live slots) and g_R the gradient of the log rest mass, p = softmax(x), r = p(rest):
-        dL/dx_v = g_v - p_v (G + g_R)                for v at a live slot
-        dL/dx_v = p_v / r * g_R - p_v (G + g_R)      for v in the rest: p_v / r = exp(x_v - lse_rest) <= 1
-    The entropy carries no gradient (a metric).
-    """
-
-    @staticmethod
-    def forward(ctx, x: Tensor, idx: Tensor, live: Tensor) -> tuple[Tensor, Tensor, Tensor]:  # type: ignore[override]
-        dt = compute_dtype(x.dtype)
-        n = x.shape[0]
-        lse = torch.empty(n, dtype=dt, device=x.device)
-        lse_rest, entropy = torch.empty_like(lse), torch.empty_like(lse)
-        logp = torch.empty(idx.shape, dtype=dt, device=x.device)
-        for r in _chunks(x):
-            xc = x[r].to(dt)
-            top = xc.amax(-1, keepdim=True)
-            e = (xc - top).exp_()
-            z = e.sum(-1)
-            lse[r] = top[:, 0] + z.log()
-            entropy[r] = z.log() - torch.special.xlogy(e, e).sum(-1) / z
-            logp[r] = xc.gather(-1, idx[r]) - lse[r, None]
-            zr = e.scatter_(-1, idx[r], 0.0).sum(-1)  # live ids only: masked slots repeat a live id
-            lse_rest[r] = top[:, 0] + zr.log()
-        if not bool(torch.isfinite(lse).all()):
-            rows = torch.nonzero(~torch.isfinite(lse))[:5, 0].tolist()
-            raise ValueError(f"logits contain NaN/+inf or a row with no finite entry (rows {rows})")
-        under = torch.nonzero(lse_rest == -math.inf)[:, 0]  # a rest below float range of the row's top: recompute
-        if under.numel():
-            lse_rest[under] = x[under].to(dt).scatter(-1, idx[under], -math.inf).logsumexp(-1)
-        ctx.save_for_backward(x, idx, live, lse, lse_rest)
-        ctx.mark_non_differentiable(entropy)
-        return logp, lse_rest - lse, entropy
-
-    @staticmethod
-    def backward(ctx, g: Tensor, g_rest: Tensor, _: Tensor):  # type: ignore[override]
-        x, idx, live, lse, lse_rest = ctx.saved_tensors
-        dt = lse.dtype
-        g = torch.where(live, g.to(dt), 0.0)
-        g_rest = g_rest.to(dt)
-        total = g.sum(-1) + g_rest
-        has_rest = torch.isfinite(lse_rest)
-        base = torch.where(has_rest, lse_rest, lse)  # p_v / r on the rest, or p_v where there is no rest
-        coef = g_rest - total * torch.where(has_rest, (lse_rest - lse).exp(), 0.0)
-        grad = torch.empty_like(x)
-        for r in _chunks(x):
-            gc = (x[r].to(dt) - base[r, None]).exp_().mul_(coef[r, None])
-            p_s = (x[r].to(dt).gather(-1, idx[r]) - lse[r, None]).exp()
-            at_s = g[r] - p_s * total[r, None]
-            at_s = torch.where(live[r], at_s, at_s[:, :1])  # masked slots repeat slot 0: write the same value
-            grad[r] = gc.scatter_(-1, idx[r], at_s)
-        return grad, None, None
-
-
-def _chunks(x: Tensor) -> list[slice]:
-    per = max(1, CHUNK_ELEMENTS // max(x.shape[-1], 1))
-    return [slice(i, i + per) for i in range(0, x.shape[0], per)]
-
-
-def gather_logprobs(logits: Tensor, idx: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """log-softmax(logits) at idx, the log-mass of every id not at a live slot, and the entropy.
-
-    logits [N, V] (any float dtype, -inf allowed for masked tokens), idx [N, W] long, mask [N, W] bool with
-    slot 0 live and distinct live ids per row. Returns logp [N, W] (masked slots: slot 0's value), log_rest
-    [N] (-inf when nothing is left), entropy [N] (no gradient); float32, or float64 for float64 logits.
-    """
-    idx = torch.where(mask, idx, idx[:, :1])
-    return _GatherLogprobs.apply(logits, idx, mask)
 
 
 # ----------------------------------------------------------------------------- one policy
@@ -189,10 +109,10 @@ def _check_k_delta(k: int, delta: float, tail_prob: float = TAIL_PROB) -> None:
         raise ValueError(f"tail_prob must be a number in (0, 1), got {tail_prob!r}")
 
 
-def _check_logits(x: Tensor, tokens: Tensor) -> None:
-    if x.dim() != 2 or tokens.shape != x.shape[:1]:
+def _check_logits(x: Logits, tokens: Tensor) -> None:
+    if len(x.shape) != 2 or tokens.shape != x.shape[:1]:
         raise ValueError(f"expected logits [N, V] and tokens [N]; got {tuple(x.shape)} and {tuple(tokens.shape)}")
-    if not x.is_floating_point():
+    if not x.dtype.is_floating_point:
         raise ValueError(f"logits must be floating point, got {x.dtype}")
     _check_tokens(tokens, x.shape[1])
 
@@ -204,7 +124,7 @@ def _check_tokens(tokens: Tensor, vocab_size: int, what: str = "token ids") -> N
         raise ValueError(f"{what} must lie in [0, {vocab_size})")
 
 
-def sparsify(logits: Tensor, tokens: Tensor, k: int = 64, delta: float = 1e-5) -> SparseDist:
+def sparsify(logits: Logits, tokens: Tensor, k: int = 64, delta: float = 1e-5) -> SparseDist:
     """Sparse support of one policy from full logits or log-probs [N, V] and sampled tokens [N].
 
     Rows are normalised here, so logits and log-probs give the same result; logp keeps the logits' gradient.
@@ -214,11 +134,11 @@ def sparsify(logits: Tensor, tokens: Tensor, k: int = 64, delta: float = 1e-5) -
     return sparsify_with_entropy(logits, tokens, k, delta)[0]
 
 
-def sparsify_with_entropy(logits: Tensor, tokens: Tensor, k: int, delta: float) -> tuple[SparseDist, Tensor]:
+def sparsify_with_entropy(logits: Logits, tokens: Tensor, k: int, delta: float) -> tuple[SparseDist, Tensor]:
     """`sparsify`, plus the exact entropy [N] of each row's full distribution (no gradient)."""
     _check_logits(logits, tokens)
     _check_k_delta(k, delta)
-    top = logits.detach().topk(min(k, logits.shape[-1]), dim=-1).indices  # sorted by probability
+    top = topk(logits, k)  # sorted by probability
     y_apart = ~(top == tokens[:, None]).any(-1, keepdim=True)
     cand = torch.cat([top, tokens[:, None]], -1)
     live = torch.cat([torch.ones_like(top, dtype=torch.bool), y_apart], -1)
@@ -373,7 +293,7 @@ def atom_kl(lp: Tensor, lq: Tensor, mask: Tensor) -> Tensor:
 
 
 def build_support(
-    logits: Tensor, tokens: Tensor, old: SparseDist, model: str = "rest", k: int = 64, delta: float = 1e-5
+    logits: Logits, tokens: Tensor, old: SparseDist, model: str = "rest", k: int = 64, delta: float = 1e-5
 ) -> Support:
     """p (full logits [N, V], with gradient) and q (`old`, a constant) on shared atoms, under `model`."""
     _check_logits(logits, tokens)

@@ -1,0 +1,206 @@
+"""The one pass over the vocabulary: log-probs at a few ids, the exact rest mass and the entropy, in row chunks.
+
+Everything the losses need from the current policy's [N, V] distribution comes out of one op:
+
+    logp[n, j]  = log softmax(x_n)[idx[n, j]]                      at W ids per row (the kept support)
+    log_rest[n] = log sum_{v not at a live id} softmax(x_n)[v]      exact, in log space
+    entropy[n]  = - sum_v p log p                                    (a metric: no gradient)
+
+where the logits x are either given ([N, V]) or produced by the output layer from the last hidden states,
+`LMHead(hidden [N, H], weight [V_out, H], bias, temperature, vocab_size)`: x = (hidden @ weight.T + bias) / T,
+with ids >= vocab_size (an output layer padded past the tokenizer, as Qwen's) at -inf. The head form is the
+"chunked output layer": rows are processed `chunk_rows` at a time and each chunk's logits are recomputed in
+backward, so no [N, V] tensor exists in forward or backward; only [chunk, V] at a time (and dL/dW, [V, H]).
+
+Backward, with p = softmax(x), r = p(rest), G = sum of the live slots' gradients g_j and g_R the gradient
+of log_rest (p_v / r = exp(x_v - lse_rest) <= 1 on the rest, so no division by a tiny r):
+
+    dL/dx_v = g_v - p_v (G + g_R)               for v at a live slot
+    dL/dx_v = (p_v / r) g_R - p_v (G + g_R)     for v in the rest
+    head:  dL/dhidden = (dL/dx / T) @ W,   dL/dW = (dL/dx / T)^T @ hidden,   dL/dbias = sum_n dL/dx / T
+
+Arithmetic is float32 for bf16/fp16/float32 inputs (the matmul runs in the inputs' dtype) and float64 for
+float64. `topk` gives the K largest logits per row in the same chunks (no gradient), for the sparse supports.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor
+
+CHUNK_ELEMENTS = 1 << 24  # default chunk: about 16M logits (64 MB in float32)
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float64 stays float64; every other float type is computed in float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+@dataclass
+class LMHead:
+    """The output layer applied lazily to hidden states: logits = (hidden @ weight.T + bias) / temperature, ids >=
+    vocab_size masked. hidden [..., H]; weight [V_out, H]; bias [V_out] or None. `chunk_rows` rows at a time
+    (None: about CHUNK_ELEMENTS logits per chunk)."""
+
+    hidden: Tensor
+    weight: Tensor
+    bias: Tensor | None = None
+    temperature: float = 1.0
+    vocab_size: int | None = None
+    chunk_rows: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.weight.dim() != 2 or self.hidden.shape[-1] != self.weight.shape[1]:
+            raise ValueError(
+                f"hidden [..., H] and weight [V, H] disagree: {tuple(self.hidden.shape)}, {tuple(self.weight.shape)}"
+            )
+        if not (
+            isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature) and self.temperature > 0
+        ):
+            raise ValueError(f"temperature must be a positive finite number, got {self.temperature!r}")
+        if self.vocab_size is not None and not 0 < self.vocab_size <= self.weight.shape[0]:
+            raise ValueError(f"vocab_size {self.vocab_size} must lie in [1, {self.weight.shape[0]}] (the output rows)")
+        if self.chunk_rows is not None and self.chunk_rows < 1:
+            raise ValueError(f"chunk_rows must be >= 1, got {self.chunk_rows}")
+
+    @property
+    def shape(self) -> torch.Size:
+        """The shape of the logits this head stands for: [..., V_out]."""
+        return torch.Size((*self.hidden.shape[:-1], self.weight.shape[0]))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return compute_dtype(self.hidden.dtype)
+
+    @property
+    def device(self) -> torch.device:
+        return self.hidden.device
+
+    def detach(self) -> LMHead:
+        return replace(
+            self,
+            hidden=self.hidden.detach(),
+            weight=self.weight.detach(),
+            bias=None if self.bias is None else self.bias.detach(),
+        )
+
+    def reshape(self, *shape: int) -> LMHead:
+        """Reshape the leading dims (the last one, V, must stay): e.g. [B, T, V] -> [B*T, V]."""
+        return replace(self, hidden=self.hidden.reshape(*shape[:-1], self.hidden.shape[-1]))
+
+    def logits(self, rows: slice | Tensor = slice(None)) -> Tensor:
+        """Logits of some rows of a 2-D head, [n, V_out] in the compute dtype (the reference: whole [N, V])."""
+        x = self.hidden[rows] @ self.weight.T
+        if self.bias is not None:
+            x = x + self.bias
+        x = x.to(compute_dtype(x.dtype)) / self.temperature
+        if self.vocab_size is not None and self.vocab_size < x.shape[-1]:
+            x = x.masked_fill(torch.arange(x.shape[-1], device=x.device) >= self.vocab_size, -math.inf)
+        return x
+
+
+Logits = Tensor | LMHead  # what every function below takes: full logits [N, V] or a 2-D head
+
+
+def _chunks(x: Logits) -> list[slice]:
+    n, v = x.shape[0], x.shape[-1]
+    per = x.chunk_rows if isinstance(x, LMHead) and x.chunk_rows else max(1, CHUNK_ELEMENTS // max(v, 1))
+    return [slice(i, i + per) for i in range(0, n, per)]
+
+
+def _chunk_logits(x: Tensor, weight: Tensor | None, bias: Tensor | None, temp: float, vocab: int, r: slice) -> Tensor:
+    if weight is None:
+        return x[r].to(compute_dtype(x.dtype))
+    return LMHead(x, weight, bias, temp, vocab).logits(r)
+
+
+class _GatherLogprobs(torch.autograd.Function):
+    """(x or hidden, weight, bias, idx, live, temperature, vocab, per) -> logp [N, W], log_rest [N], entropy [N] (module
+    docstring), `per` rows at a time. weight None: x holds the logits [N, V]. Saves the inputs and three numbers
+    per row."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, idx, live, temp, vocab, per):  # type: ignore[override]
+        dt = compute_dtype(x.dtype)
+        n = x.shape[0]
+        lse = torch.empty(n, dtype=dt, device=x.device)
+        lse_rest, entropy = torch.empty_like(lse), torch.empty_like(lse)
+        logp = torch.empty(idx.shape, dtype=dt, device=x.device)
+        rows = [slice(i, i + per) for i in range(0, n, per)]
+        for r in rows:
+            xc = _chunk_logits(x, weight, bias, temp, vocab, r)
+            top = xc.amax(-1, keepdim=True)
+            e = (xc - top).exp_()
+            z = e.sum(-1)
+            lse[r] = top[:, 0] + z.log()
+            entropy[r] = z.log() - torch.special.xlogy(e, e).sum(-1) / z
+            logp[r] = xc.gather(-1, idx[r]) - lse[r, None]
+            lse_rest[r] = top[:, 0] + e.scatter_(-1, idx[r], 0.0).sum(-1).log()  # masked slots repeat a live id
+        if not bool(torch.isfinite(lse).all()):
+            bad = torch.nonzero(~torch.isfinite(lse))[:5, 0].tolist()
+            raise ValueError(f"logits contain NaN/+inf or a row with no finite entry (rows {bad})")
+        for i in torch.nonzero(lse_rest == -math.inf)[:, 0].tolist():  # a rest below float range: log space
+            xc = _chunk_logits(x, weight, bias, temp, vocab, slice(i, i + 1))
+            lse_rest[i] = xc.scatter(-1, idx[i : i + 1], -math.inf).logsumexp(-1)[0]
+        ctx.save_for_backward(x, weight, bias, idx, live, lse, lse_rest)
+        ctx.temp, ctx.vocab, ctx.rows = temp, vocab, rows
+        ctx.mark_non_differentiable(entropy)
+        return logp, lse_rest - lse, entropy
+
+    @staticmethod
+    def backward(ctx, g, g_rest, _):  # type: ignore[override]
+        x, weight, bias, idx, live, lse, lse_rest = ctx.saved_tensors
+        g = torch.where(live, g.to(lse.dtype), 0.0)
+        total = g.sum(-1) + g_rest.to(lse.dtype)
+        has_rest = torch.isfinite(lse_rest)
+        base = torch.where(has_rest, lse_rest, lse)  # p_v / r on the rest (or p_v where there is no rest)
+        coef = g_rest - total * torch.where(has_rest, (lse_rest - lse).exp(), 0.0)
+        grad_x = torch.empty_like(x) if weight is None else torch.empty(x.shape, dtype=lse.dtype, device=x.device)
+        grad_w = None if weight is None else torch.zeros(weight.shape, dtype=lse.dtype, device=x.device)
+        grad_b = None if bias is None else torch.zeros(bias.shape, dtype=lse.dtype, device=x.device)
+        for r in ctx.rows:
+            xc = _chunk_logits(x, weight, bias, ctx.temp, ctx.vocab, r)
+            p_s = (xc.gather(-1, idx[r]) - lse[r, None]).exp()
+            at_s = g[r] - p_s * total[r, None]
+            at_s = torch.where(live[r], at_s, at_s[:, :1])  # masked slots repeat slot 0: write the same value
+            gc = (xc - base[r, None]).exp_().mul_(coef[r, None]).scatter_(-1, idx[r], at_s)
+            if weight is None:
+                grad_x[r] = gc
+                continue
+            gc.div_(ctx.temp)  # masked (padded) ids: exp(-inf) = 0, no gradient
+            grad_x[r] = gc @ weight.to(gc.dtype)
+            grad_w.addmm_(gc.T, x[r].to(gc.dtype))
+            if grad_b is not None:
+                grad_b += gc.sum(0)
+        return grad_x.to(x.dtype), _cast(grad_w, weight), _cast(grad_b, bias), None, None, None, None, None
+
+
+def _cast(t: Tensor | None, like: Tensor | None) -> Tensor | None:
+    return None if t is None or like is None else t.to(like.dtype)
+
+
+def gather_logprobs(x: Logits, idx: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """log-softmax at idx, the log-mass of every id not at a live slot, and the entropy (module docstring).
+
+    x: logits [N, V] (-inf allowed for masked tokens) or a 2-D `LMHead`; idx [N, W] long; mask [N, W] bool with
+    slot 0 live and distinct live ids per row. Returns logp [N, W] (masked slots: slot 0's value, no gradient),
+    log_rest [N] (-inf when nothing is left), entropy [N] (no gradient); float32, or float64 for float64 inputs.
+    """
+    idx = torch.where(mask, idx, idx[:, :1])
+    per = _chunks(x)[0].stop if x.shape[0] else 1
+    if isinstance(x, LMHead):
+        vocab = x.weight.shape[0] if x.vocab_size is None else x.vocab_size
+        return _GatherLogprobs.apply(x.hidden, x.weight, x.bias, idx, mask, x.temperature, vocab, per)
+    return _GatherLogprobs.apply(x, None, None, idx, mask, 1.0, x.shape[-1], per)
+
+
+@torch.no_grad()
+def topk(x: Logits, k: int) -> Tensor:
+    """[N, min(k, V)] ids of the k largest logits per row, sorted by value (chunked; no gradient)."""
+    k = min(k, x.shape[-1])
+    if not isinstance(x, LMHead):
+        return x.detach().topk(k, dim=-1).indices
+    return torch.cat([x.logits(r).topk(k, dim=-1).indices for r in _chunks(x)])
