@@ -10,7 +10,7 @@ On the 0.6M-parameter toy with 64 new tokens both backends spend most of their t
 vLLM's fixed cost per token (scheduler, sampler, output handling, about 50 us) caps its lead near 1.5x: that
 measures Python bookkeeping, not generation; the `split` lines below show it.
 
-What is timed: one `generate` call of `troll.rollout.HFGenerator` and of `troll.rollout.VLLMGenerator`
+What is timed: one `generate` call of `troll.rollout.HFGenerator` and of `troll.vllm_engine.VLLMGenerator`
 (so each includes building the padded `Rollouts`), without top-K log-probs (K = 0: only the sampled token's
 log-prob) and with top-K (`--top-k 0` runs K = 0 only). Tokens per second = generated tokens (sum of
 completion masks) / wall time.
@@ -57,8 +57,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported 
 
 import torch  # noqa: E402
 
-from troll.rollout import HFGenerator, Rollouts, VLLMGenerator  # noqa: E402
+from troll.rollout import HFGenerator, Rollouts  # noqa: E402
 from troll.tiny import save_tiny, tiny_llama, train_tokenizer  # noqa: E402
+from troll.vllm_engine import VLLMGenerator  # noqa: E402
 
 
 def corpus(n_sentences: int, seed: int = 0) -> list[str]:

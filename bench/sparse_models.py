@@ -23,8 +23,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 
 from troll import addition  # noqa: E402
+from troll.policy import completion_logits  # noqa: E402
 from troll.project import project_sparse  # noqa: E402
-from troll.rollout import completion_logits  # noqa: E402
 from troll.sparse import SUPPORTS, build_support, sparsify, support_kl  # noqa: E402
 from troll.tiny import tiny_llama, train_tokenizer  # noqa: E402
 

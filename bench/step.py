@@ -12,7 +12,8 @@ of the samples outside the first minibatch, whose own forward gives theirs: `tra
 phase times are the ones `rl_step` returns (time_generate, time_score, time_old_policy, time_update,
 time_sync); total = their sum. The only difference between the variants is `cfg.loss` (troll / ppo_clip).
 Inside the update, the loss functions' forward (`troll_loss` / `ppo_clip`, not their backward) is also timed
-(wall and CPU user), to show how much of the difference is the loss itself.
+(wall and CPU user), to show how much of the difference is the loss itself: `rl_step`'s `loss_fn` seam gets the
+loss wrapped in a timer.
 
 Setup: `Config.from_args(["--preset", "tiny-cpu", ...])` (every flag of the command line is passed through to
 it, e.g. `--prompts_per_step 16 --k 32`): the 0.59M-parameter tiny Llama built locally (`build_model`) and
@@ -64,6 +65,8 @@ from _util import REWARDS, cpu_user, median, ratio  # noqa: E402
 
 import troll.train as train  # noqa: E402
 from troll.config import Config  # noqa: E402
+from troll.losses import LOSSES  # noqa: E402
+from troll.policy import build_model  # noqa: E402
 
 PHASES = ("generate", "score", "old_policy", "update", "sync")
 VARIANTS = {"troll": "troll", "clip": "ppo_clip"}
@@ -71,27 +74,26 @@ VARIANTS = {"troll": "troll", "clip": "ppo_clip"}
 
 class PhaseClock:
     """CPU user seconds spent inside the phase functions `rl_step` calls (score = step total minus the rest),
-    and wall + CPU user seconds inside the loss functions' forward (phase "loss", part of "update")."""
+    and wall + CPU user seconds inside the loss functions' forward (phase "loss", part of "update"; the timed
+    losses are `self.losses`, passed to `rl_step` as `loss_fn`)."""
 
     def __init__(self, generator) -> None:
         self.cpu: dict[str, float] = {}
         self.wall: dict[str, float] = {}
-        self._wrap(train, "old_policy", "old_policy")
-        self._wrap(train, "update", "update")
-        self._wrap(generator, "generate", "generate")
-        self._wrap(generator, "push_weights", "sync")
-        for loss in VARIANTS.values():
-            self._wrap(train.LOSSES, loss, "loss")
+        for phase in ("old_policy", "update"):
+            setattr(train, phase, self.timed(getattr(train, phase), phase))
+        generator.generate = self.timed(generator.generate, "generate")
+        generator.push_weights = self.timed(generator.push_weights, "sync")
+        self.losses = {name: self.timed(LOSSES[name], "loss") for name in VARIANTS.values()}
 
     def clear(self) -> None:
         self.cpu.clear()
         self.wall.clear()
 
-    def _wrap(self, owner, attr: str, phase: str) -> None:
-        get, put = (owner.get, owner.__setitem__) if isinstance(owner, dict) else (owner.__getattribute__, None)
-        fn = get(attr)
+    def timed(self, fn, phase: str):
+        """`fn`, adding its wall and CPU user seconds to `phase`."""
 
-        def timed(*args, **kwargs):
+        def run(*args, **kwargs):
             u, t = cpu_user(), time.perf_counter()
             try:
                 return fn(*args, **kwargs)
@@ -99,10 +101,7 @@ class PhaseClock:
                 self.cpu[phase] = self.cpu.get(phase, 0.0) + cpu_user() - u
                 self.wall[phase] = self.wall.get(phase, 0.0) + time.perf_counter() - t
 
-        if put is None:
-            setattr(owner, attr, timed)
-        else:
-            put(attr, timed)
+        return run
 
 
 def snapshot(model, opt, sched) -> dict:
@@ -132,7 +131,7 @@ def main() -> None:
 
     t0 = time.perf_counter()
     torch.manual_seed(cfg.seed)
-    model, tokenizer = train.build_model(cfg, device)
+    model, tokenizer = build_model(cfg, device)
     vocab = len(tokenizer)
     task, _ = train.load_task(cfg, tokenizer)
     if cfg.sft_steps:
@@ -143,8 +142,7 @@ def main() -> None:
     threads_before = torch.get_num_threads()
     tmp = tempfile.TemporaryDirectory()
     generator = train.make_generator(cfg, model, tokenizer, Path(tmp.name))
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0)  # the preset's constant schedule, no warmup
+    opt, sched = train.make_optimizer(cfg, model)  # the preset's constant schedule, no warmup
     clock = PhaseClock(generator)
     n_params = sum(p.numel() for p in model.parameters())
     print(
@@ -171,18 +169,9 @@ def main() -> None:
                 generator.push_weights(model)  # untimed: put the round's starting weights back into the engine
             clock.clear()
             u = cpu_user()
-            row = train.rl_step(
-                dataclasses.replace(cfg, loss=VARIANTS[name]),
-                r,
-                model,
-                tokenizer,
-                generator,
-                opt,
-                sched,
-                task,
-                vocab,
-                device,
-            )
+            variant = dataclasses.replace(cfg, loss=VARIANTS[name])
+            loss_fn = clock.losses[variant.loss]
+            row = train.rl_step(variant, r, model, tokenizer, generator, opt, sched, task, loss_fn=loss_fn)
             user = cpu_user() - u
             engine_fresh = False
             cpu = {p: clock.cpu.get(p, 0.0) for p in PHASES}

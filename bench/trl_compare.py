@@ -97,6 +97,7 @@ def run_troll(o: dict, loss: str) -> dict:
 
     import troll.train as train
     from troll.config import Config
+    from troll.policy import build_model
 
     cfg = Config.from_args(
         ["--preset", "tiny-cpu", "--sft_steps", "0", "--loss", loss, "--minibatches", str(o["minibatches"])]
@@ -104,18 +105,17 @@ def run_troll(o: dict, loss: str) -> dict:
         + ["--max_new_tokens", str(o["max_new"]), "--lr", str(o["lr"]), "--seed", str(o["seed"])]
     )
     device = torch.device("cpu")
-    model, tokenizer = train.build_model(cfg, device, path=o["model_dir"])
+    model, tokenizer = build_model(cfg, device, path=o["model_dir"])
     task, _ = train.load_task(cfg, tokenizer)
     task.reward = parity_reward
     with tempfile.TemporaryDirectory() as tmp:
         generator = train.make_generator(cfg, model, tokenizer, Path(tmp))
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0)
+    opt, sched = train.make_optimizer(cfg, model)  # constant schedule, no warmup
     rss_before = _reset_hwm()
     walls, users, rewards, tokens = [], [], [], []
     for step in range(o["warmup"] + o["steps"]):
         t, u = time.perf_counter(), cpu_user()
-        row = train.rl_step(cfg, step, model, tokenizer, generator, opt, sched, task, len(tokenizer), device)
+        row = train.rl_step(cfg, step, model, tokenizer, generator, opt, sched, task)
         if step >= o["warmup"]:
             walls.append(time.perf_counter() - t)
             users.append(cpu_user() - u)
@@ -281,8 +281,8 @@ def main() -> None:
     import torch
 
     from troll.config import Config
+    from troll.policy import build_model
     from troll.tiny import save_tiny
-    from troll.train import build_model
 
     cfg = Config.from_args(["--preset", "tiny-cpu", "--seed", str(a.seed)])
     with tempfile.TemporaryDirectory() as model_dir:

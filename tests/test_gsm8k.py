@@ -199,18 +199,29 @@ GOOD = {"question": "What is 6 * 7?", "answer": "6 * 7 = 42\n#### 42"}
 @pytest.mark.parametrize(
     ("bad", "message"),
     [
-        ({"question": "What is 6 * 7?"}, r"row 1 .*'answer'"),
-        ({"answer": "#### 42"}, r"row 1 .*'question'"),
-        ({"question": "", "answer": "#### 42"}, r"row 1 .*'question'"),
-        ({"question": "What is 6 * 7?", "answer": "42"}, r"row 1 .*no '####'"),
-        ({"question": "What is 6 * 7?", "answer": "so 42\n####  "}, r"row 1 .*nothing after '####'"),
+        ({"question": "What is 6 * 7?"}, r"line 3: missing or empty field 'answer'"),
+        ({"answer": "#### 42"}, r"line 3: missing or empty field 'question'"),
+        ({"question": "", "answer": "#### 42"}, r"line 3: missing or empty field 'question'"),
+        ({"question": 7, "answer": "#### 42"}, r"line 3: missing or empty field 'question'"),
+        ({"question": "What is 6 * 7?", "answer": "42"}, r"line 3: answer has no '####'"),
+        ({"question": "What is 6 * 7?", "answer": "so 42\n####  "}, r"line 3: nothing after '####'"),
+        ('{"question": "What is 6 * 7?", "answer": ', r"line 3: not valid JSON"),
+        ("[1, 2]", r"line 3: expected a JSON object, got list"),
     ],
 )
-def test_load_malformed_rows_name_the_row(tmp_path: Path, bad: dict, message: str) -> None:
-    _write_jsonl(tmp_path / "test.jsonl", [GOOD, bad, GOOD])
-    with pytest.raises(ValueError, match=message):
-        load_gsm8k("test", str(tmp_path))
-    assert len(load_gsm8k("test", str(tmp_path), limit=1)) == 1  # rows past the limit are not read
+def test_load_malformed_rows_name_file_and_line(tmp_path: Path, bad: dict | str, message: str) -> None:
+    """A malformed line 3 (after a blank line 2) is a ValueError naming the file and the 1-based line number."""
+    bad_line = bad if isinstance(bad, str) else json.dumps(bad)
+    (tmp_path / "train.jsonl").write_text(json.dumps(GOOD) + "\n\n" + bad_line + "\n" + json.dumps(GOOD) + "\n")
+    with pytest.raises(ValueError, match=re.escape(str(tmp_path / "train.jsonl")) + " " + message):
+        load_gsm8k("train", str(tmp_path))
+    assert len(load_gsm8k("train", str(tmp_path), limit=1)) == 1  # rows past the limit are not read
+
+
+def test_hub_rows_are_named_by_index(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: datasets.Dataset.from_list([GOOD, {"q": 1}]))
+    with pytest.raises(ValueError, match=r"gsm8k test row 1 \(0-based\): missing or empty field 'question'"):
+        load_gsm8k("test")
 
 
 # -------------------------------------------------------------------------------------------- prompts

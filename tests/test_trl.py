@@ -22,7 +22,7 @@ from datasets import Dataset
 from troll import addition
 from troll.integrations.trl import TRL_VERSIONS, TROLLConfig, TROLLGRPOTrainer, check_trl_version
 from troll.losses import troll_loss
-from troll.rollout import completion_logits
+from troll.policy import completion_logits
 from troll.sparse import sparsify
 from troll.tiny import tiny_llama, train_tokenizer
 

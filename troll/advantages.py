@@ -1,4 +1,4 @@
-"""Advantage estimators (ALGORITHM.md section 6): one scalar per sampled response, orthogonal to the trust region.
+"""Advantage estimators (docs/algorithm.md, section 7): one scalar per response, orthogonal to the trust region.
 
 rewards [B] float, group [B] long (index of the prompt each response answers; ids in [0, G)) -> advantages [B]
 

@@ -6,12 +6,16 @@ Scores greedy completions of every GSM8K test problem (1,319) with exactly the r
 (`troll.gsm8k.reward`), with vLLM when it is installed and a GPU or `--backend vllm` asks for it, else
 transformers `generate`. Writes `predictions.jsonl` (question, gold, completion, extracted answer, reward)
 and `summary.json` (accuracy, n, backend, seconds) into `--out`, and prints the accuracy.
-Greedy decoding masks output ids past the tokenizer (Qwen's padded rows), as the samplers do.
+
+Greedy decoding is the rollout backends' own `greedy` (rollout.HFGenerator, vllm_engine.VLLMGenerator), the
+path training evaluates with too, so the numbers agree; it masks output ids past the tokenizer (Qwen's padded
+rows), as the samplers do. `encode`, `decode` and `score` are shared with troll.train.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -19,10 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
-from transformers import GenerationConfig, LogitsProcessorList
 
-from troll.rollout import MaskPaddedVocab, check_vocab, import_vllm, left_pad
+from troll.rollout import Generator, HFGenerator
 
 
 def encode(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
@@ -33,67 +35,6 @@ def encode(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
 def decode(tokenizer: Any, seqs: Sequence[Sequence[int]]) -> list[str]:
     """Completion texts of token id sequences, special tokens (EOS, padding) removed."""
     return tokenizer.batch_decode([list(ids) for ids in seqs], skip_special_tokens=True)
-
-
-@torch.no_grad()
-def greedy_hf(
-    model: Any, tokenizer: Any, prompts: list[list[int]], max_new_tokens: int, batch_size: int = 64
-) -> list[str]:
-    """Greedy completions (text, special tokens removed) with transformers `generate`, left-padded batches."""
-    check_vocab(len(tokenizer), model.get_output_embeddings().weight.shape[0])
-    device = next(model.parameters()).device
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    config = GenerationConfig(
-        do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id, pad_token_id=pad
-    )
-    saved, model.generation_config = model.generation_config, GenerationConfig()
-    was_training = model.training
-    model.eval()
-    out: list[str] = []
-    try:
-        for i in range(0, len(prompts), batch_size):
-            chunk = prompts[i : i + batch_size]
-            ids, attn = left_pad(chunk, pad)
-            width = ids.shape[1]
-            seq = model.generate(
-                input_ids=ids.to(device),
-                attention_mask=attn.long().to(device),
-                generation_config=config,
-                logits_processor=LogitsProcessorList([MaskPaddedVocab(len(tokenizer))]),
-            )
-            out += decode(tokenizer, seq[:, width:].tolist())
-    finally:
-        model.generation_config = saved
-        model.train(was_training)
-    return out
-
-
-def greedy_vllm(
-    model_path: str, tokenizer: Any, prompts: list[list[int]], max_new_tokens: int, dtype: str = "auto"
-) -> list[str]:
-    """Greedy completions with a vLLM engine loaded from `model_path` (hub name or HF directory)."""
-    from transformers import AutoConfig
-
-    vllm = import_vllm()
-    padded = AutoConfig.from_pretrained(model_path).get_text_config().vocab_size > len(tokenizer)
-    llm = vllm.LLM(
-        model=model_path,
-        skip_tokenizer_init=True,
-        generation_config="vllm",
-        seed=0,
-        dtype=dtype,
-        max_model_len=max(len(p) for p in prompts) + max_new_tokens,
-        enforce_eager=not torch.cuda.is_available(),
-    )
-    params = vllm.SamplingParams(
-        temperature=0.0,
-        max_tokens=max_new_tokens,
-        detokenize=False,
-        stop_token_ids=[tokenizer.eos_token_id],
-        allowed_token_ids=list(range(len(tokenizer))) if padded else None,  # padded output rows never win
-    )
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=True)
-    return decode(tokenizer, [o.outputs[0].token_ids for o in outs])
 
 
 def score(
@@ -107,8 +48,25 @@ def score(
     return (sum(x["reward"] for x in records) / max(len(records), 1)), records
 
 
+def greedy_generator(backend: str, model_path: str, tokenizer: Any, max_model_len: int) -> Generator:
+    """A rollout backend ("hf" or "vllm") holding the model at `model_path`, for its `greedy` method."""
+    if backend == "vllm":
+        from troll.vllm_engine import VLLMGenerator
+
+        on_gpu = torch.cuda.is_available()
+        dtype = "auto" if on_gpu else "float32"  # vLLM's "auto" runs a float32 checkpoint in 16 bits
+        return VLLMGenerator(
+            model_path, tokenizer, max_model_len, dtype=dtype, gpu_memory_utilization=0.9, sleep_level=None
+        )
+
+    from transformers import AutoModelForCausalLM
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return HFGenerator(AutoModelForCausalLM.from_pretrained(model_path).to(device), tokenizer, max_model_len)
+
+
 def main(argv: list[str] | None = None) -> dict:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from troll import gsm8k
 
@@ -133,20 +91,12 @@ def main(argv: list[str] | None = None) -> dict:
     prompts = encode(tokenizer, [gsm8k.make_prompt(r["question"], tokenizer, chat=chat) for r in rows])
     backend = args.backend
     if backend == "auto":
-        try:
-            import_vllm()
-            backend = "vllm" if torch.cuda.is_available() else "hf"
-        except ImportError:
-            backend = "hf"
+        backend = "vllm" if torch.cuda.is_available() and importlib.util.find_spec("vllm") else "hf"
     start = time.time()
-    if backend == "vllm":
-        completions = greedy_vllm(args.model, tokenizer, prompts, args.max_new_tokens)
-    else:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        model = AutoModelForCausalLM.from_pretrained(args.model).to(device)
-        completions = []
-        for i in tqdm(range(0, len(prompts), 64), desc="greedy"):
-            completions += greedy_hf(model, tokenizer, prompts[i : i + 64], args.max_new_tokens)
+    max_model_len = max(len(x) for x in prompts) + args.max_new_tokens
+    completions = decode(
+        tokenizer, greedy_generator(backend, args.model, tokenizer, max_model_len).greedy(prompts, args.max_new_tokens)
+    )
     acc, records = score(rows, completions, gsm8k.reward)
     out = Path(args.out or Path("evals") / Path(args.model).name)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,13 +1,16 @@
 """GSM8K: load the data, build prompts, and score completions with a 0/1 reward.
 
 Data (`load_gsm8k`): a list of dicts {question, answer, gold}, one per row, in file order.
-    source      a hub name ("openai/gsm8k", config "main") or an existing local path: a directory holding
-                {train,test}.jsonl, or one .jsonl file (both read with `datasets.load_dataset("json")`)
+    source      a hub name ("openai/gsm8k", config "main", read with `datasets`) or an existing local path: a
+                directory holding {train,test}.jsonl, or one .jsonl file (read line by line here; blank lines
+                are skipped)
     answer      the full reference solution, e.g. "... 9 * 2 = $<<9*2=18>>18 every day.\\n#### 18"
     gold        the text after the last "####", stripped, commas removed: "#### 1,000" -> "1000"
-    limit       keeps the first `limit` rows (only those are validated)
-    errors      a row without a question/answer string, without "####", or with nothing after it raises
-                ValueError("gsm8k test row 12 (0-based): ...")
+    limit       keeps the first `limit` rows (only those are read and validated)
+    errors      a line that is not a JSON object, a row without a question/answer string, without "####", or
+                with nothing after it raises a ValueError naming the file and line (1-based), e.g.
+                "data/test.jsonl line 12: answer has no '####' final-answer marker: ..."; hub rows are named
+                "gsm8k test row 11 (0-based)".
 
 Prompts (`make_prompt`): the model is asked for its final answer after "####" (GSM8K's own solution
 format, and verl's GSM8K recipe); `reward` also accepts \\boxed{} and a bare last number.
@@ -54,13 +57,15 @@ answer is a plain number, else 0.0.
 
 from __future__ import annotations
 
+import itertools
+import json
 import re
 import threading
+from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import datasets
 from math_verify import parse, verify
 from math_verify.errors import TimeoutException
 
@@ -118,12 +123,30 @@ def load_gsm8k(split: str, source: str = HUB_NAME, limit: int | None = None) -> 
         data_file = path / f"{split}.jsonl" if path.is_dir() else path
         if not data_file.is_file():
             raise FileNotFoundError(f"no {split}.jsonl in local GSM8K directory {path}")
-        ds = datasets.load_dataset("json", data_files=str(data_file), split="train")
+        rows = _jsonl_rows(data_file)
     else:
-        ds = datasets.load_dataset(source, "main", split=split)
-    if limit is not None:
-        ds = ds.select(range(min(limit, len(ds))))
-    return [_check_row(row, f"gsm8k {split} row {i} (0-based)") for i, row in enumerate(ds)]
+        import datasets
+
+        hub = datasets.load_dataset(source, "main", split=split)
+        rows = ((row, f"gsm8k {split} row {i} (0-based)") for i, row in enumerate(hub))
+    return [_check_row(row, where) for row, where in itertools.islice(rows, limit)]
+
+
+def _jsonl_rows(path: Path) -> Iterator[tuple[dict[str, Any], str]]:
+    """(row, "<file> line <n>") for every non-blank line of a JSONL file; ValueError on a line that is not a
+    JSON object."""
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path} line {n}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: not valid JSON ({e.msg} at column {e.colno}): {line.strip()[:80]!r}") from e
+            if not isinstance(row, dict):
+                raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
+            yield row, where
 
 
 # ------------------------------------------------------------------------------------------- prompts

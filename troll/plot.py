@@ -2,7 +2,8 @@
 
     python -m troll.plot runs/tiny-troll runs/tiny-clip --out plots/
 
-Each run is labelled by its folder name; x is the RL step. Metrics that a run lacks are skipped for it.
+Each run is labelled by its folder name; x is the RL step. Metrics that a run lacks are skipped for it. The held-out
+accuracy (`eval_acc`) starts at step 0, the evaluation before RL, so the curve shows the starting point and the gain.
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ def read_metrics(run: str | Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def series(rows: Sequence[dict], key: str) -> list[tuple[int, float]]:
+    """(step, value) of every row that logged `key`, in file order (eval_acc: from step 0)."""
+    return [(m["step"], m[key]) for m in rows if key in m]
+
+
 def plot_runs(runs: Sequence[str | Path], out: str | Path, keys: Sequence[str] = DEFAULT_KEYS) -> list[Path]:
     """Write <out>/<key>.png for every key that at least one run logged; returns the written paths."""
     from matplotlib.figure import Figure  # no pyplot: leaves a notebook's inline backend alone
@@ -40,15 +46,15 @@ def plot_runs(runs: Sequence[str | Path], out: str | Path, keys: Sequence[str] =
     data = {Path(r).name: read_metrics(r) for r in runs}
     written = []
     for key in keys:
-        series = {name: [(m["step"], m[key]) for m in rows if key in m] for name, rows in data.items()}
-        series = {name: pts for name, pts in series.items() if pts}
-        if not series:
+        curves = {name: series(rows, key) for name, rows in data.items()}
+        curves = {name: pts for name, pts in curves.items() if pts}
+        if not curves:
             continue
         fig = Figure(figsize=(5, 3.2))
         ax = fig.subplots()
-        for name, pts in series.items():
+        for name, pts in curves.items():
             ax.plot(*zip(*pts, strict=True), marker="o" if len(pts) < 20 else None, ms=3, label=name)
-        ax.set_xlabel("RL step")
+        ax.set_xlabel("RL step (0 = before RL)")
         ax.set_title(key)
         ax.legend(fontsize=7)
         fig.tight_layout()

@@ -9,7 +9,7 @@ Choices, all fixed here:
   `<|im_start|>{role}\\n{content}<|im_end|>\\n` per message and `<|im_start|>assistant\\n` as the
   generation prompt, so a completion ends with eos = `<|im_end|>`, as in Qwen's chat models.
 - Model: `LlamaForCausalLM` (not Qwen2: with `model_type=qwen2`, `AutoTokenizer` and vLLM load a
-  Qwen2 tokenizer class instead of the saved one; see docs/VLLM_CPU.md), float32, untied
+  Qwen2 tokenizer class instead of the saved one; see docs/vllm_cpu.md), float32, untied
   embeddings (so a weight push must send `lm_head.weight`), MLP width 4 * hidden, no GQA.
   Keep head_dim = hidden / heads in {32, 64, 80, 96, 112, 128, ...}: vLLM's CPU attention rejects
   others (head_dim 16 fails at the first forward with "Unsupported CPU attention configuration").

@@ -1,4 +1,4 @@
-"""The single-GPU RL loop, end to end.
+"""The single-GPU RL loop, end to end. Read top to bottom: setup, the pieces of one RL step, `rl_step`, the loop.
 
     python -m troll.train --preset tiny-cpu --loss troll --seed 0 --out runs/tiny-troll
     python -m troll.train --preset gsm8k-qwen2.5-0.5b --loss ppo_clip --out runs/qwen-clip      # one GPU
@@ -9,33 +9,48 @@ steps over the batch (gradient accumulation in micro-batches of <= micro_batch_t
 weight push to the rollout engine -> log.
 
 Choices, stated once:
-- Old policy (`--old_policy`): `recompute` (default, the paper) scores the rollouts with the training model
-  right before the update, no grad, and sparsifies it; `behaviour` uses the engine's top-K log-probs.
-  With `recompute` and a deterministic model (no dropout can fire), the first minibatch's own forward pass,
-  taken before any optimiser step, *is* that recomputation (same weights, same inputs): its detached logits
-  give those samples' old policy, and the no-grad pass only scores the other minibatches (none when
-  minibatches = 1). `old_policy_from_forward` decides; tests check the metrics equal full recomputation's.
-- Everything random in step s is seeded from (seed, s): the prompts drawn, the sampler. So a resumed run
-  repeats exactly what the uninterrupted run would have done (tests check the next step's metrics).
+- The command line is parsed before torch is imported: `--help` answers at once, and a bad flag is an argparse
+  error (exit 2, no traceback) before any model is built or any directory written (troll.config checks it).
+- Busy CPU: run as a command, this module sets OMP_WAIT_POLICY=PASSIVE (unless the environment sets it) before
+  torch loads. By default OpenMP threads spin while they wait; when other processes hold the cores, a small
+  model then runs up to 10x slower (the "about a minute" main job took 4-16 minutes on a busy 2-core machine).
+  Passive waiting costs nothing measurable on an idle one.
+- Old policy (`--old_policy`): `recompute` (default, the paper) scores the step's rollouts with the training
+  model right before the update, in its own no-grad pass, and sparsifies it; `behaviour` uses the engine's top-K
+  log-probs. The pass costs one forward over the step's samples, about a third of the update's forward +
+  backward (tiny-cpu, measured: 0.08 s of a 0.6 s step, the update 0.4 s). Taking the first minibatch's anchor
+  from its own forward would save part of it, but only without dropout and at the price of a sample map threaded
+  through the update: not worth it.
+- Everything random in step s is seeded from (seed, s): the prompts drawn, the sampler, the minibatch split.
+  So a resumed run repeats exactly what the uninterrupted run would have done (tests check the next step).
 - A step whose gradient norm is not finite is skipped (no optimiser step) and counted (`skipped_steps`).
-- Run directory (`--out`): config.json, metrics.jsonl (one line per step, plus `eval` lines), samples.jsonl
-  (a few completions per evaluation), checkpoints/step-NNNNNN (HF `save_pretrained` + trainer.pt with
-  optimiser, scheduler, step) and checkpoints/latest, summary.json (eval_before, eval_after, wall-clock).
-  A checkpoint is written to a temporary folder and renamed into place, and `latest` is replaced
-  atomically, so a crash during a save never damages the last good checkpoint. The last two are kept.
-- `tiny-cpu` builds a 0.6M-parameter Llama and a byte-level tokenizer locally, warm-starts it with a few
-  hundred supervised steps on addition, then runs RL; evaluation is greedy pass@1 on held-out problems.
+- Evaluation is greedy pass@1 on held-out problems through the generator's own `greedy` (transformers, or the
+  vLLM engine), the path troll.evaluate uses. The first one runs before RL, after the warm-start.
+- Run directory (`--out`): config.json; metrics.jsonl: one row per RL step, and one row per evaluation
+  `{"step", "eval_acc"}`, the first at step 0; samples.jsonl (a few completions per evaluation);
+  checkpoints/ (troll.checkpoint: atomic, the last two kept, trainer.pt holds optimiser, scheduler and the
+  run's state); summary.json (eval_before, eval_after = the last evaluation, eval_best and its step,
+  wall-clock over all sessions).
+- Resume continues from checkpoints/latest; metrics and samples rows past it are dropped (the resumed run
+  writes them again). A finished run (latest checkpoint at --steps, summary.json written) is left untouched:
+  resuming it says so and returns its summary; pass a larger --steps to go on.
 """
 
 from __future__ import annotations
 
+import os
+
+from troll.config import Config
+
+if __name__ == "__main__":  # parse first, then import torch (module docstring)
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    CLI_CONFIG = Config.from_args()
+
 import json
 import math
-import os
 import resource
-import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,11 +60,17 @@ from tqdm.auto import tqdm
 
 from troll import addition, gsm8k
 from troll.advantages import advantages
-from troll.config import Config
-from troll.evaluate import decode, encode, greedy_hf, score
+from troll.checkpoint import append_jsonl, latest_checkpoint, save_checkpoint, truncate_jsonl
+from troll.evaluate import decode, encode, score
 from troll.losses import LOSSES
-from troll.rollout import HFGenerator, Rollouts, completion_logits
+from troll.metrics import merge
+from troll.policy import build_model, completion_logits
+from troll.rollout import Generator, HFGenerator, Rollouts
 from troll.sparse import SparseDist, cat_rows, sparsify, sparsify_topk
+
+LossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]  # the signature of troll.losses.LOSSES
+
+# ----------------------------------------------------------------------------- setup
 
 
 @dataclass
@@ -60,286 +81,62 @@ class Task:
     reward: Callable[[str, str], float]  # (completion text, gold) -> 0/1
 
 
-def load_task(cfg: Config, tokenizer: Any) -> tuple[Task, int]:
-    """The task's data, prompt template and reward; also how many prompts were dropped as too long."""
+def load_task(cfg: Config, tokenizer: Any) -> tuple[Task, dict[str, int]]:
+    """The task's data, prompt template and reward; prompts longer than max_prompt_len are dropped (counted)."""
     if cfg.task == "addition":
         task = Task(addition.problems("train"), addition.problems("test"), lambda q: q, addition.reward)
-    elif cfg.task == "gsm8k":
+    else:
         task = Task(
             gsm8k.load_gsm8k("train", cfg.data),
             gsm8k.load_gsm8k("test", cfg.data),
             lambda q: gsm8k.make_prompt(q, tokenizer, chat=cfg.chat),
             gsm8k.reward,
         )
-    else:
-        raise ValueError(f"unknown task {cfg.task!r}: addition or gsm8k")
-    keep = [r for r in task.train if len(encode(tokenizer, [task.prompt(r["question"])])[0]) <= cfg.max_prompt_len]
-    dropped, task.train = len(task.train) - len(keep), keep
-    if not keep:
-        raise ValueError(f"every training prompt is longer than max_prompt_len={cfg.max_prompt_len}")
     if cfg.eval_size:
         task.test = task.test[: cfg.eval_size]
+    dropped = {}
+    for split in ("train", "test"):
+        rows = getattr(task, split)
+        keep = [r for r in rows if len(encode(tokenizer, [task.prompt(r["question"])])[0]) <= cfg.max_prompt_len]
+        if not keep:
+            raise ValueError(f"every {split} prompt is longer than max_prompt_len={cfg.max_prompt_len}")
+        dropped[split] = len(rows) - len(keep)
+        setattr(task, split, keep)
     return task, dropped
 
 
-def build_model(cfg: Config, device: torch.device, path: str | None = None) -> tuple[Any, Any]:
-    """(model, tokenizer): the tiny local Llama, or `path` / cfg.model through transformers."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    if path is None and cfg.model == "tiny":
-        from troll.tiny import tiny_llama, train_tokenizer
-
-        tokenizer = train_tokenizer(addition.corpus(), vocab_size=64)  # bytes only: one token per character
-        model = tiny_llama(tokenizer, hidden=128, layers=2, heads=4, seed=cfg.seed)
-    else:
-        src = path or cfg.model
-        tokenizer = AutoTokenizer.from_pretrained(src)
-        model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
-    if cfg.grad_checkpointing:
-        model.gradient_checkpointing_enable()
-    model.train()  # from_pretrained returns eval mode, in which gradient checkpointing does nothing
-    return model.to(device), tokenizer
-
-
-def make_generator(cfg: Config, model: Any, tokenizer: Any, out: Path) -> Any:
+def make_generator(cfg: Config, model: Any, tokenizer: Any, out: Path) -> Generator:
+    """The rollout backend: the training model itself (hf), or a vLLM engine that follows its weights."""
     if cfg.backend == "hf":
         return HFGenerator(model, tokenizer)
-    if cfg.backend == "vllm":
-        from troll.rollout import VLLMGenerator
+    from troll.vllm_engine import VLLMGenerator
 
-        init = out / "engine-init"  # the engine loads once from disk; every later update is pushed in place
-        model.save_pretrained(init)
-        tokenizer.save_pretrained(init)
-        gen = VLLMGenerator(
-            init,
-            tokenizer,
-            max_model_len=cfg.max_prompt_len + cfg.max_new_tokens,
-            max_top_k=max(cfg.k, 1),
-            dtype="float32" if model.device.type == "cpu" else "bfloat16",
-            seed=cfg.seed,
-            gpu_memory_utilization=cfg.vllm_gpu_memory,
-        )
-        gen.push_weights(model)
-        return gen
-    raise ValueError(f"unknown backend {cfg.backend!r}: hf or vllm")
-
-
-# ----------------------------------------------------------------------------- checkpoints
-
-
-def save_checkpoint(out: Path, step: int, model: Any, tokenizer: Any, opt: Any, sched: Any, state: dict) -> Path:
-    """Write checkpoints/step-NNNNNN atomically, point `latest` at it, keep the last two."""
-    root = out / "checkpoints"
-    root.mkdir(parents=True, exist_ok=True)
-    name = f"step-{step:06d}"
-    tmp = root / f".tmp-{name}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    torch.save(
-        {"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "step": step, **state}, tmp / "trainer.pt"
+    init = out / "engine-init"  # the engine loads once from disk; every later update is pushed in place
+    model.save_pretrained(init)
+    tokenizer.save_pretrained(init)
+    gen = VLLMGenerator(
+        init,
+        tokenizer,
+        max_model_len=cfg.max_prompt_len + cfg.max_new_tokens,
+        max_top_k=cfg.k,
+        dtype="float32" if model.device.type == "cpu" else "bfloat16",
+        seed=cfg.seed,
+        gpu_memory_utilization=cfg.vllm_gpu_memory,
     )
-    shutil.rmtree(root / name, ignore_errors=True)
-    os.replace(tmp, root / name)
-    (root / "latest.tmp").write_text(name)
-    os.replace(root / "latest.tmp", root / "latest")
-    for old in sorted(p for p in root.glob("step-*") if p.name != name)[:-1]:
-        shutil.rmtree(old, ignore_errors=True)
-    return root / name
+    gen.push_weights(model)
+    return gen
 
 
-def latest_checkpoint(out: Path) -> Path:
-    """The folder `checkpoints/latest` names; a clear error when it is missing or incomplete."""
-    pointer = out / "checkpoints" / "latest"
-    if not pointer.is_file():
-        raise FileNotFoundError(f"no checkpoint to resume from: {pointer} does not exist")
-    ckpt = out / "checkpoints" / pointer.read_text().strip()
-    missing = [f for f in ("trainer.pt", "config.json") if not (ckpt / f).is_file()]
-    if missing:
-        raise FileNotFoundError(f"checkpoint {ckpt} is incomplete or corrupt (missing {', '.join(missing)})")
-    return ckpt
+def make_optimizer(cfg: Config, model: Any) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW and its schedule: linear warmup over warmup_steps, then constant or cosine to 0 (optimiser steps)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    total = cfg.steps * cfg.minibatches
 
+    def factor(i: int) -> float:
+        warm = min(1.0, (i + 1) / max(cfg.warmup_steps, 1))
+        return warm * (0.5 * (1 + math.cos(math.pi * min(i / total, 1.0))) if cfg.lr_schedule == "cosine" else 1.0)
 
-# ----------------------------------------------------------------------------- one RL step
-
-
-def old_policy(cfg: Config, model: Any, ro: Rollouts, vocab: int) -> SparseDist:
-    """The anchor of the trust region over all B*T completion positions of `ro` (see module docstring)."""
-    tokens = ro.completion_ids.reshape(-1)
-    if cfg.old_policy == "behaviour":
-        if ro.top_idx is None:
-            raise ValueError("old_policy=behaviour needs rollouts with top-K log-probs (k > 0)")
-        top_idx, top_logp, tok_logp = ro.top_idx.clone(), ro.top_logp.clone(), ro.logprobs.clone()
-        pad = ~ro.completion_mask  # padding: a valid one-hot distribution on the padding id, masked later
-        top_logp[pad] = -math.inf
-        top_logp[..., 0][pad], top_idx[..., 0][pad], tok_logp[pad] = 0.0, ro.completion_ids[pad], 0.0
-        k = top_idx.shape[-1]
-        return sparsify_topk(
-            top_logp.view(-1, k), top_idx.view(-1, k), tok_logp.view(-1), tokens, vocab, delta=cfg.delta
-        )
-    if cfg.old_policy != "recompute":
-        raise ValueError(f"unknown old_policy {cfg.old_policy!r}: recompute or behaviour")
-    dists = []
-    with torch.no_grad():
-        for rows in micro_batches(ro, cfg.micro_batch_tokens, torch.arange(len(ro))):
-            dists.append(anchor_from_logits(cfg, forward(cfg, model, ro, rows, vocab), ro, rows).to("cpu"))
-    return cat_rows(dists)
-
-
-def anchor_from_logits(cfg: Config, logits: torch.Tensor, ro: Rollouts, rows: torch.Tensor) -> SparseDist:
-    """The sparse old policy of samples `rows` from their logits [b, T, V] (detached: a constant)."""
-    logits = logits.detach()
-    tokens = ro.completion_ids[rows].reshape(-1).to(logits.device)
-    return sparsify(logits.reshape(-1, logits.shape[-1]), tokens, k=cfg.k, delta=cfg.delta)
-
-
-def old_policy_from_forward(cfg: Config, model: Any) -> bool:
-    """Whether the first minibatch's forward pass can stand in for the old-policy pass on its samples.
-
-    Only with `recompute`, and only when the model is deterministic: in eval mode, or in train mode with every
-    dropout probability 0 (`nn.Dropout` modules, and the `*dropout*` / `*pdrop*` rates of the config that
-    transformers applies functionally, e.g. Llama's attention_dropout). Then a no-grad pass over those samples
-    with the same weights returns the same logits (up to float rounding), so it is skipped.
-    """
-    if cfg.old_policy != "recompute":
-        return False
-    if not any(m.training for m in model.modules()):
-        return True
-    if any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.training and m.p > 0 for m in model.modules()):
-        return False
-    config = getattr(model, "config", None)
-    return not any(r > 0 for r in _dropout_rates(config.to_dict() if config is not None else {}))
-
-
-def _dropout_rates(config: dict) -> list[float]:
-    """Every `*dropout*` / `*pdrop*` number in a (nested, e.g. text_config) model config dict."""
-    rates = []
-    for key, v in config.items():
-        if isinstance(v, dict):
-            rates += _dropout_rates(v)
-        elif ("dropout" in str(key) or "pdrop" in str(key)) and isinstance(v, (int, float)):
-            rates.append(float(v))
-    return rates
-
-
-def forward(cfg: Config, model: Any, ro: Rollouts, rows: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Current policy's temperature-scaled logits [b, T, V] at the completion positions of `rows`."""
-    device = next(model.parameters()).device
-    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
-        return completion_logits(
-            model, [ro.prompt_ids[i] for i in rows.tolist()], ro.completion_ids[rows], ro.temperature, vocab
-        )
-
-
-def micro_batches(ro: Rollouts, max_tokens: int, rows: torch.Tensor) -> list[torch.Tensor]:
-    """Split `rows` into chunks of at most max_tokens padded tokens (prompt + completion) each."""
-    width = max(len(p) for p in ro.prompt_ids) + ro.completion_ids.shape[1]
-    per = max(1, max_tokens // width)
-    return [rows[i : i + per] for i in range(0, len(rows), per)]
-
-
-def update(
-    cfg: Config,
-    model: Any,
-    opt: Any,
-    sched: Any,
-    ro: Rollouts,
-    adv: torch.Tensor,
-    old: SparseDist | None,
-    old_rows: torch.Tensor,
-    chunks: tuple[torch.Tensor, ...],
-    vocab: int,
-) -> tuple[dict[str, float], int]:
-    """One optimiser step per chunk of samples (the minibatches). Returns averaged loss metrics and skipped steps.
-
-    `old` is the old policy of the samples `old_rows` ([n] long, in that order; None when n = 0). Samples not
-    among them must all be in chunks[0]: their old policy is taken from that chunk's own forward pass, before
-    the first optimiser step (module docstring).
-    """
-    device = next(model.parameters()).device
-    t_len = ro.completion_ids.shape[1]
-    loss_fn, kwargs = LOSSES[cfg.loss], loss_kwargs(cfg)
-    where = torch.full((len(ro),), -1, dtype=torch.long)  # sample -> its row block in `old` (-1: from forward)
-    where[old_rows] = torch.arange(len(old_rows))
-    logs: list[tuple[float, dict[str, float]]] = []
-    skipped = 0
-    for i, chunk in enumerate(chunks):
-        opt.zero_grad(set_to_none=True)
-        chunk_tokens = int(ro.completion_mask[chunk].sum())
-        for rows in micro_batches(ro, cfg.micro_batch_tokens, chunk):
-            logits = forward(cfg, model, ro, rows, vocab)
-            fresh = where[rows] < 0
-            if bool(fresh.any()):
-                if i > 0 or not bool(fresh.all()):
-                    raise ValueError("only the first minibatch may take its old policy from its own forward pass")
-                anchor = anchor_from_logits(cfg, logits, ro, rows)
-            else:
-                flat_rows = (where[rows][:, None] * t_len + torch.arange(t_len)).reshape(-1)
-                anchor = old.select(flat_rows).to(device)
-            mask = ro.completion_mask[rows]
-            loss, m = loss_fn(
-                logits,
-                ro.completion_ids[rows].to(device),
-                mask.to(device),
-                adv[rows].to(device),
-                anchor,
-                agg=cfg.agg,
-                norm_len=t_len,
-                **kwargs,
-            )
-            # weight each micro-batch by its share of the chunk, so the sum is the chunk's aggregate
-            share = (int(mask.sum()) / max(chunk_tokens, 1)) if cfg.agg == "token-mean" else len(rows) / len(chunk)
-            (loss * share).backward()
-            logs.append((share, m))
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        if not torch.isfinite(norm):
-            skipped += 1
-            opt.zero_grad(set_to_none=True)
-            continue
-        opt.step()
-        sched.step()
-        logs.append((0.0, {"grad_norm": float(norm)}))
-    return merge_metrics(logs), skipped
-
-
-def loss_kwargs(cfg: Config) -> dict:
-    base = {"k": cfg.k, "delta": cfg.delta, "support": cfg.support}
-    if cfg.loss == "troll":
-        return base | {"eps": cfg.eps, "alpha": cfg.alpha, "level": cfg.level}
-    if cfg.loss == "ppo_clip":
-        return base | {"eps_low": cfg.clip_low, "eps_high": cfg.clip_high, "level": cfg.level}
-    if cfg.loss == "dppo":
-        return base | {"divergence": cfg.dppo_divergence}
-    if cfg.loss == "cispo":
-        return base | {"eps_high": cfg.clip_high}
-    raise ValueError(f"unknown loss {cfg.loss!r}; choose from {sorted(LOSSES)}")
-
-
-def merge_metrics(logs: list[tuple[float, dict[str, float]]]) -> dict[str, float]:
-    """Weighted means of micro-batch metrics (max for *_max, min for *_min, mean for grad_norm)."""
-    out: dict[str, float] = {}
-    for key in {k for _, m in logs for k in m}:
-        vals = [(w, m[key]) for w, m in logs if key in m]
-        if key.endswith("_max"):
-            out[key] = max(v for _, v in vals)
-        elif key.endswith("_min"):
-            out[key] = min(v for _, v in vals)
-        elif key == "grad_norm":
-            out[key] = sum(v for _, v in vals) / len(vals)
-        else:
-            total = sum(w for w, _ in vals)
-            out[key] = sum(w * v for w, v in vals) / total if total else sum(v for _, v in vals) / len(vals)
-    return out
-
-
-def evaluate(cfg: Config, model: Any, tokenizer: Any, task: Task, generator: Any = None) -> tuple[float, list[dict]]:
-    """Greedy pass@1 on the held-out problems: with the vLLM engine when there is one, else transformers."""
-    prompts = encode(tokenizer, [task.prompt(r["question"]) for r in task.test])
-    if hasattr(generator, "greedy"):
-        completions = decode(tokenizer, generator.greedy(prompts, cfg.max_new_tokens))
-    else:
-        completions = greedy_hf(model, tokenizer, prompts, cfg.max_new_tokens)
-    return score(task.test, completions, task.reward)
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
 def sft_warmstart(cfg: Config, model: Any, tokenizer: Any, task: Task) -> float:
@@ -364,87 +161,121 @@ def sft_warmstart(cfg: Config, model: Any, tokenizer: Any, task: Task) -> float:
     return float(loss.detach())
 
 
-# ----------------------------------------------------------------------------- the loop
+# ----------------------------------------------------------------------------- the pieces of one RL step
 
 
-def train(cfg: Config) -> dict:
-    t_start = time.time()
-    out = Path(cfg.out)
-    device = torch.device(
-        "cuda"
-        if cfg.device == "auto" and torch.cuda.is_available()
-        else ("cpu" if cfg.device == "auto" else cfg.device)
-    )
-    start_step, state = 0, {}
-    if cfg.resume:
-        ckpt = latest_checkpoint(out)
-        model, tokenizer = build_model(cfg, device, path=str(ckpt))
-        state = torch.load(ckpt / "trainer.pt", weights_only=False)
-        start_step = state["step"]
-    else:
-        if (out / "checkpoints").exists():
-            raise FileExistsError(f"{out} already holds a run: pass --resume true or choose another --out")
-        out.mkdir(parents=True, exist_ok=True)
-        torch.manual_seed(cfg.seed)
-        model, tokenizer = build_model(cfg, device)
-    cfg.save(out / "config.json")
-    vocab = len(tokenizer)
-    task, dropped = load_task(cfg, tokenizer)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    total = cfg.steps * cfg.minibatches
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt,
-        lambda i: (
-            min(1.0, (i + 1) / max(cfg.warmup_steps, 1))
-            * (0.5 * (1 + math.cos(math.pi * min(i / max(total, 1), 1.0))) if cfg.lr_schedule == "cosine" else 1.0)
-        ),
-    )
-    metrics_path = out / "metrics.jsonl"
-    if cfg.resume:
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-        lines = metrics_path.read_text().splitlines() if metrics_path.exists() else []
-        metrics_path.write_text("".join(ln + "\n" for ln in lines if json.loads(ln).get("step", 0) <= start_step))
-        eval_before = state["eval_before"]
-    else:
-        metrics_path.write_text("")
-        if cfg.sft_steps:
-            sft_loss = sft_warmstart(cfg, model, tokenizer, task)
-            print(f"supervised warm-start: {cfg.sft_steps} steps, final loss {sft_loss:.3f}")
-        eval_before, samples = evaluate(cfg, model, tokenizer, task)
-        log_samples(out, 0, samples, cfg.samples_to_log)
-        state = {"eval_before": eval_before, "skipped_steps": 0, "dropped_prompts": dropped}
-        save_checkpoint(out, 0, model, tokenizer, opt, sched, state)
-    print(f"eval before RL: {eval_before:.3f} on {len(task.test)} held-out problems")
-    generator = make_generator(cfg, model, tokenizer, out)
-    eval_after = eval_before
-    bar = tqdm(range(start_step, cfg.steps), desc=f"rl/{cfg.loss}", initial=start_step, total=cfg.steps)
-    for step in bar:
-        row = rl_step(cfg, step, model, tokenizer, generator, opt, sched, task, vocab, device)
-        state["skipped_steps"] += row["skipped"]
-        if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
-            eval_after, samples = evaluate(cfg, model, tokenizer, task, generator)
-            row["eval_acc"] = eval_after
-            log_samples(out, step + 1, samples, cfg.samples_to_log)
-        with open(metrics_path, "a") as f:
-            f.write(json.dumps(row) + "\n")
-        bar.set_postfix(reward=f"{row['reward']:.2f}", acc=f"{eval_after:.2f}", kl=f"{row['kl_after_max']:.3f}")
-        if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
-            save_checkpoint(out, step + 1, model, tokenizer, opt, sched, state)
-    summary = {
-        "eval_before": eval_before,
-        "eval_after": eval_after,
-        "wall_clock_s": round(time.time() - t_start, 1),
-        "steps": cfg.steps,
-        "loss": cfg.loss,
-        "seed": cfg.seed,
-        "skipped_steps": state["skipped_steps"],
-        "dropped_prompts": state.get("dropped_prompts", 0),
-        "eval_problems": len(task.test),
+def policy_logits(cfg: Config, model: Any, ro: Rollouts, rows: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Current policy's temperature-scaled logits [b, T, V] at the completion positions of samples `rows`."""
+    device = next(model.parameters()).device
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
+        return completion_logits(
+            model, [ro.prompt_ids[i] for i in rows.tolist()], ro.completion_ids[rows], ro.temperature, vocab
+        )
+
+
+def micro_batches(ro: Rollouts, max_tokens: int, rows: torch.Tensor) -> list[torch.Tensor]:
+    """Split `rows` into chunks of at most max_tokens padded tokens (prompt + completion) each."""
+    width = max(len(p) for p in ro.prompt_ids) + ro.completion_ids.shape[1]
+    per = max(1, max_tokens // width)
+    return [rows[i : i + per] for i in range(0, len(rows), per)]
+
+
+def old_policy(cfg: Config, model: Any, ro: Rollouts, vocab: int) -> SparseDist:
+    """The trust region's anchor over all B*T completion positions of `ro`, on CPU (module docstring)."""
+    tokens = ro.completion_ids.reshape(-1)
+    if cfg.old_policy == "behaviour":
+        top_idx, top_logp, tok_logp = ro.top_idx.clone(), ro.top_logp.clone(), ro.logprobs.clone()
+        pad = ~ro.completion_mask  # padding: a valid one-hot distribution on the padding id, masked later
+        top_logp[pad] = -math.inf
+        top_logp[..., 0][pad], top_idx[..., 0][pad], tok_logp[pad] = 0.0, ro.completion_ids[pad], 0.0
+        k = top_idx.shape[-1]
+        return sparsify_topk(
+            top_logp.view(-1, k), top_idx.view(-1, k), tok_logp.view(-1), tokens, vocab, delta=cfg.delta
+        )
+    dists = []
+    with torch.no_grad():
+        for rows in micro_batches(ro, cfg.micro_batch_tokens, torch.arange(len(ro))):
+            logits = policy_logits(cfg, model, ro, rows, vocab)
+            ids = ro.completion_ids[rows].reshape(-1).to(logits.device)
+            dists.append(sparsify(logits.flatten(0, 1), ids, k=cfg.k, delta=cfg.delta).to("cpu"))
+    return cat_rows(dists)
+
+
+def loss_kwargs(cfg: Config) -> dict:
+    """The config's settings for the chosen loss (each loss takes only its own)."""
+    own = {
+        "troll": {"eps": cfg.eps, "alpha": cfg.alpha, "level": cfg.level},
+        "ppo_clip": {"eps_low": cfg.clip_low, "eps_high": cfg.clip_high, "level": cfg.level},
+        "dppo": {"divergence": cfg.dppo_divergence},
+        "cispo": {"eps_high": cfg.clip_high},
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"eval: {eval_before:.3f} -> {eval_after:.3f} in {summary['wall_clock_s']} s; {out / 'summary.json'}")
-    return summary
+    return {"k": cfg.k, "delta": cfg.delta, "support": cfg.support} | own[cfg.loss]
+
+
+def update(
+    cfg: Config,
+    model: Any,
+    opt: Any,
+    sched: Any,
+    ro: Rollouts,
+    adv: torch.Tensor,
+    old: SparseDist,
+    minibatches: Sequence[torch.Tensor],
+    loss_fn: LossFn,
+) -> tuple[dict[str, float], int]:
+    """One optimiser step per minibatch (sample indices); `old` holds every sample's B*T rows, in sample order.
+
+    Returns the merged loss metrics (troll.metrics: micro-batches weighted by their share of the minibatch) and
+    the number of skipped optimiser steps.
+    """
+    device = next(model.parameters()).device
+    T = ro.completion_ids.shape[1]
+    kwargs = loss_kwargs(cfg)
+    parts: list[tuple[float, dict[str, float]]] = []
+    skipped = 0
+    for minibatch in minibatches:
+        opt.zero_grad(set_to_none=True)
+        minibatch_tokens = int(ro.completion_mask[minibatch].sum())
+        for rows in micro_batches(ro, cfg.micro_batch_tokens, minibatch):
+            logits = policy_logits(cfg, model, ro, rows, old.vocab_size)
+            anchor = old.select((rows[:, None] * T + torch.arange(T)).reshape(-1)).to(device)
+            mask = ro.completion_mask[rows]
+            loss, m = loss_fn(
+                logits,
+                ro.completion_ids[rows].to(device),
+                mask.to(device),
+                adv[rows].to(device),
+                anchor,
+                agg=cfg.agg,
+                norm_len=T,
+                **kwargs,
+            )
+            # weight each micro-batch by its share of the minibatch, so the sum is the minibatch's aggregate
+            tokens_share = int(mask.sum()) / max(minibatch_tokens, 1)
+            share = tokens_share if cfg.agg == "token-mean" else len(rows) / len(minibatch)
+            (loss * share).backward()
+            parts.append((share, m))
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        if not torch.isfinite(norm):
+            skipped += 1
+            opt.zero_grad(set_to_none=True)
+            continue
+        opt.step()
+        sched.step()
+        parts.append((1.0, {"grad_norm": float(norm)}))
+    return merge(parts), skipped
+
+
+def evaluate(cfg: Config, generator: Generator, tokenizer: Any, task: Task) -> tuple[float, list[dict]]:
+    """Greedy pass@1 on the held-out problems, and one record per problem."""
+    prompts = encode(tokenizer, [task.prompt(r["question"]) for r in task.test])
+    return score(task.test, decode(tokenizer, generator.greedy(prompts, cfg.max_new_tokens)), task.reward)
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated() / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10  # ru_maxrss is in KiB on Linux
 
 
 def rl_step(
@@ -452,50 +283,38 @@ def rl_step(
     step: int,
     model: Any,
     tokenizer: Any,
-    generator: Any,
+    generator: Generator,
     opt: Any,
     sched: Any,
     task: Task,
-    vocab: int,
-    device: torch.device,
+    loss_fn: LossFn | None = None,
 ) -> dict:
-    """One RL step; returns its metrics row."""
+    """One RL step; returns its metrics row. `loss_fn` (default LOSSES[cfg.loss]) is the seam for another loss
+    with the same signature, or a timed one (bench/step.py)."""
     t0 = time.time()
     seed = cfg.seed * 1_000_003 + step
     gen = torch.Generator().manual_seed(seed)
     rows = [task.train[i] for i in torch.randint(len(task.train), (cfg.prompts_per_step,), generator=gen).tolist()]
     prompts = encode(tokenizer, [task.prompt(r["question"]) for r in rows])
+    behaviour_k = cfg.k if cfg.old_policy == "behaviour" else 0
     ro = generator.generate(
-        prompts,
-        cfg.samples_per_prompt,
-        cfg.max_new_tokens,
-        cfg.temperature,
-        top_k_logprobs=cfg.k if cfg.old_policy == "behaviour" else 0,
-        seed=seed,
+        prompts, cfg.samples_per_prompt, cfg.max_new_tokens, cfg.temperature, top_k_logprobs=behaviour_k, seed=seed
     )
     t1 = time.time()
     lengths = ro.completion_mask.sum(-1)  # real tokens come first in every row
-    ids = [row[:n] for row, n in zip(ro.completion_ids.tolist(), lengths.tolist(), strict=True)]
-    texts = decode(tokenizer, ids)
+    texts = decode(tokenizer, [ids[:n] for ids, n in zip(ro.completion_ids.tolist(), lengths.tolist(), strict=True)])
     golds = [rows[int(g)]["gold"] for g in ro.group]
     rewards = torch.tensor([task.reward(t, g) for t, g in zip(texts, golds, strict=True)], dtype=torch.float32)
     adv = advantages(cfg.advantage, rewards, ro.group)
     t2 = time.time()
-    order = torch.randperm(len(ro), generator=gen)
-    chunks = order.chunk(cfg.minibatches)  # the minibatches
-    old_rows = order[len(chunks[0]) :] if old_policy_from_forward(cfg, model) else order  # need the no-grad pass
-    old = old_policy(cfg, model, ro.select(old_rows), vocab) if len(old_rows) else None
+    old = old_policy(cfg, model, ro, len(tokenizer))
     t3 = time.time()
-    metrics, skipped = update(cfg, model, opt, sched, ro, adv, old, old_rows, chunks, vocab)
+    minibatches = torch.randperm(len(ro), generator=gen).chunk(cfg.minibatches)
+    metrics, skipped = update(cfg, model, opt, sched, ro, adv, old, minibatches, loss_fn or LOSSES[cfg.loss])
     t4 = time.time()
     generator.push_weights(model)
     t5 = time.time()
     lengths = lengths.float()
-    peak = (
-        torch.cuda.max_memory_allocated()
-        if device.type == "cuda"
-        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    ) / 2**20
     return {
         "step": step + 1,
         "reward": float(rewards.mean()),
@@ -512,14 +331,84 @@ def rl_step(
         "time_update": t4 - t3,
         "time_sync": t5 - t4,
         "tokens_per_s": float(lengths.sum()) / (t5 - t0),
-        "peak_memory_mb": peak,
+        "peak_memory_mb": peak_memory_mb(next(model.parameters()).device),
     }
 
 
-def log_samples(out: Path, step: int, records: list[dict], n: int) -> None:
-    with open(out / "samples.jsonl", "a") as f:
-        for rec in records[:n]:
-            f.write(json.dumps({"step": step, **rec}) + "\n")
+# ----------------------------------------------------------------------------- the loop
+
+
+def train(cfg: Config) -> dict:
+    """Run (or resume) the RL loop of `cfg`; returns the summary written to <out>/summary.json."""
+    t_start, out = time.time(), Path(cfg.out)
+    auto = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(auto if cfg.device == "auto" else cfg.device)
+    if cfg.resume:
+        ckpt = latest_checkpoint(out)
+        state = torch.load(ckpt / "trainer.pt", weights_only=False)
+        if state["step"] >= cfg.steps and (out / "summary.json").is_file():
+            print(f"{out} finished at step {state['step']} (--steps {cfg.steps}): nothing to do, nothing changed")
+            return json.loads((out / "summary.json").read_text())
+        model, tokenizer = build_model(cfg, device, path=str(ckpt))
+    else:
+        if (out / "checkpoints").exists():
+            raise FileExistsError(f"{out} already holds a run: pass --resume true or choose another --out")
+        out.mkdir(parents=True, exist_ok=True)
+        torch.manual_seed(cfg.seed)
+        model, tokenizer = build_model(cfg, device)
+        state = None
+    cfg.save(out / "config.json")
+    task, dropped = load_task(cfg, tokenizer)
+    opt, sched = make_optimizer(cfg, model)
+    generator = make_generator(cfg, model, tokenizer, out)
+    metrics_path, samples_path = out / "metrics.jsonl", out / "samples.jsonl"
+    if state is None:
+        metrics_path.write_text("")
+        samples_path.write_text("")
+        if cfg.sft_steps:
+            sft_loss = sft_warmstart(cfg, model, tokenizer, task)
+            generator.push_weights(model)
+            print(f"supervised warm-start: {cfg.sft_steps} steps, final loss {sft_loss:.3f}")
+        acc, records = evaluate(cfg, generator, tokenizer, task)
+        append_jsonl(metrics_path, [{"step": 0, "eval_acc": acc}])
+        append_jsonl(samples_path, [{"step": 0, **r} for r in records[: cfg.samples_to_log]])
+        state = {"step": 0, "eval_before": acc, "eval_after": acc, "eval_best": acc, "eval_best_step": 0}
+        state |= {"skipped_steps": 0, "dropped_prompts": dropped["train"], "dropped_test_prompts": dropped["test"]}
+        save_checkpoint(out, model, tokenizer, opt, sched, state | {"wall_clock_s": time.time() - t_start})
+    else:
+        opt.load_state_dict(state.pop("optimizer"))
+        sched.load_state_dict(state.pop("scheduler"))
+        t_start -= state.pop("wall_clock_s", 0.0)  # the clock runs on from the checkpoint's
+        truncate_jsonl(metrics_path, state["step"])
+        truncate_jsonl(samples_path, state["step"])
+    print(f"eval before RL: {state['eval_before']:.3f} on {len(task.test)} held-out problems")
+    bar = tqdm(range(state["step"], cfg.steps), desc=f"rl/{cfg.loss}", initial=state["step"], total=cfg.steps)
+    for step in bar:
+        row = rl_step(cfg, step, model, tokenizer, generator, opt, sched, task)
+        state["step"], state["skipped_steps"] = step + 1, state["skipped_steps"] + row["skipped"]
+        rows = [row]
+        if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
+            acc, records = evaluate(cfg, generator, tokenizer, task)
+            rows.append({"step": step + 1, "eval_acc": acc})
+            append_jsonl(samples_path, [{"step": step + 1, **r} for r in records[: cfg.samples_to_log]])
+            state["eval_after"] = acc
+            if acc > state["eval_best"]:
+                state["eval_best"], state["eval_best_step"] = acc, step + 1
+        append_jsonl(metrics_path, rows)
+        bar.set_postfix(
+            reward=f"{row['reward']:.2f}", acc=f"{state['eval_after']:.2f}", kl=f"{row['kl_after_max']:.3f}"
+        )
+        if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
+            save_checkpoint(out, model, tokenizer, opt, sched, state | {"wall_clock_s": time.time() - t_start})
+    summary = {k: v for k, v in state.items() if k != "step"}
+    summary |= {"wall_clock_s": round(time.time() - t_start, 1), "steps": cfg.steps, "loss": cfg.loss}
+    summary |= {"seed": cfg.seed, "eval_problems": len(task.test)}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(
+        f"eval: {summary['eval_before']:.3f} -> {summary['eval_after']:.3f} (best {summary['eval_best']:.3f} at "
+        f"step {summary['eval_best_step']}) in {summary['wall_clock_s']} s; {out / 'summary.json'}"
+    )
+    return summary
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -527,4 +416,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    train(CLI_CONFIG)

@@ -1,4 +1,4 @@
-"""TROLL as the loss of TRL's `GRPOTrainer`: the same projection, TRL's launchers (ALGORITHM.md sections 4-5).
+"""TROLL as the loss of TRL's `GRPOTrainer`: the same projection, TRL's launchers (docs/algorithm.md, the objective).
 
     from troll.integrations.trl import TROLLConfig, TROLLGRPOTrainer
     args = TROLLConfig(output_dir="out", troll_eps=0.05, num_generations=8, ...)   # every GRPOConfig field works
@@ -14,7 +14,7 @@ checkpoints. The two steps TROLL replaces:
                batch as tensors "troll_old_<field>" [B, T, K+1] and [B, T]. It is the policy before any update on
                this batch: the paper's choice, = troll.train's old_policy="recompute". (TRL asks its vLLM engine for
                the sampled token's log-prob only, so the engine's top-K cannot serve as q here.)
-  loss         `compute_loss`: logits [b, T, V] / temperature of the current model (`rollout.packed_logits`, the
+  loss         `compute_loss`: logits [b, T, V] / temperature of the current model (`policy.packed_logits`, the
                function troll.train uses; positions counted from each row's first real token), then
                `troll.losses.troll_loss(logits, completion_ids, mask, advantages, q, eps, alpha, k, delta, agg, level)`
                with mask = completion_mask (x tool_mask) and TRL's settings mapped to troll's:
@@ -28,8 +28,8 @@ checkpoints. The two steps TROLL replaces:
 
                so each TRL normalisation is reproduced exactly (dapo: the sum over the generation batch divided by
                its token count, as in TRL). With one process and GA = spg = 1 the loss is troll_loss itself.
-  metrics      every troll_loss metric as "troll/<key>" through TRL's logger: "_max" keys are the max over
-               processes, "_min" keys the min, the rest the mean.
+  metrics      every troll_loss metric as "troll/<key>" through TRL's logger, merged over processes by
+               troll.metrics.merge ("_max" keys the max, "_min" keys the min, the rest the mean).
 
 Not combined with TROLL (a clear ValueError from TROLLConfig): beta != 0 (the trust region replaces the reference
 KL), the clip-family options (epsilon's clip does not apply; the entropy mask / bonus, off-policy mask, delta cap),
@@ -56,7 +56,8 @@ from packaging.version import Version
 from torch import Tensor
 
 from troll.losses import troll_loss
-from troll.rollout import packed_logits
+from troll.metrics import merge
+from troll.policy import packed_logits
 from troll.sparse import SUPPORTS, TENSOR_FIELDS, SparseDist, cat_rows, sparsify
 
 TRL_VERSIONS = ">=1.16,<1.17"
@@ -87,7 +88,7 @@ from trl import GRPOConfig, GRPOTrainer  # noqa: E402  (after the version check)
 
 @dataclass
 class TROLLConfig(GRPOConfig):
-    """GRPOConfig plus TROLL's settings (paper defaults, ALGORITHM.md section 7); incompatible options raise."""
+    """GRPOConfig plus TROLL's settings (paper defaults, docs/algorithm.md); incompatible options raise."""
 
     troll_eps: float = field(default=0.05, metadata={"help": "TROLL: KL bound per token."})
     troll_alpha: float = field(default=1.0, metadata={"help": "TROLL: weight of the regression term."})
@@ -212,10 +213,9 @@ class TROLLGRPOTrainer(GRPOTrainer):
         keys = sorted(metrics)
         local = torch.tensor([metrics[k] for k in keys], dtype=torch.float64, device=self.accelerator.device)
         every = self.accelerator.gather(local[None]).view(-1, len(keys))
-        for j, key in enumerate(keys):
-            col = every[:, j]
-            value = col.max() if key.endswith("_max") else col.min() if key.endswith("_min") else col.mean()
-            self._metrics[mode][f"troll/{key}"].append(float(value))
+        merged = merge([(1.0, dict(zip(keys, row, strict=True))) for row in every.tolist()])
+        for key, value in merged.items():
+            self._metrics[mode][f"troll/{key}"].append(value)
 
 
 def _packed(batch: dict[str, Any]) -> tuple[Tensor, Tensor, int]:

@@ -1,0 +1,126 @@
+"""The policy network: how it is built, and its distribution at the completion positions of a batch.
+
+    model, tokenizer = build_model(cfg, device)                   # tiny local Llama, or a HF model / directory
+    logits = completion_logits(model, prompt_ids, completion_ids, temperature, len(tokenizer))   # [B, T, V]
+    logits = packed_logits(model, ids, attn, T, temperature, vocab_size)                         # already packed
+
+Everything that turns the network's weights into the policy pi(. | context) lives here, so the trainer, the TRL
+integration, the tests and the benchmarks score completions with one function, and the samplers (rollout.py,
+vllm_engine.py) are checked against it. Why a module of its own: sampling (rollout.py) produces token ids; this
+module is the one forward pass every loss differentiates, and the vocabulary mask the samplers must mirror.
+
+Layout, B rows, P = longest prompt, T = completion columns:
+
+    ids   [B, P+T]  long  [left-padded prompt | right-padded completion]   (`pack`)
+    attn  [B, P+T]  bool  True on real prompt tokens and on every completion column
+    out   [B, T, V] float32  mask(logits) / temperature at completion positions; log_softmax gives log pi
+
+Choices:
+- Completion position t sits at column P + t, so its logits are those of column P + t - 1: the forward keeps the
+  last T + 1 columns (`logits_to_keep`) and drops the final one (it predicts past the completion).
+- Position ids count from each row's first real token, as `generate` and vLLM (which never sees padding) do.
+- Padding inside completions is not masked: it comes after every real token, so causal attention never sees it
+  from a real position; callers use the rollouts' completion_mask on the outputs.
+- `mask_padded_vocab` sets ids >= len(tokenizer) to -inf: Qwen's output layer has rows past the tokenizer
+  (151,936 rows, 151,665 tokens) that must never carry probability. A tokenizer larger than the output layer is
+  a ValueError (`check_vocab`).
+- `build_model` returns train mode (`from_pretrained` returns eval mode, in which gradient checkpointing does
+  nothing) in float32; bf16 is autocast by the trainer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from troll.config import Config
+
+TINY = dict(hidden=128, layers=2, heads=4)  # the tiny-cpu preset's model: 0.59M parameters
+
+
+def build_model(cfg: Config, device: torch.device, path: str | None = None) -> tuple[Any, Any]:
+    """(model, tokenizer): the tiny local Llama (`cfg.model == "tiny"`), or `path` / cfg.model via transformers."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if path is None and cfg.model == "tiny":
+        from troll import addition
+        from troll.tiny import tiny_llama, train_tokenizer
+
+        tokenizer = train_tokenizer(addition.corpus(), vocab_size=64)  # bytes only: one token per character
+        model = tiny_llama(tokenizer, **TINY, seed=cfg.seed)
+    else:
+        src = path or cfg.model
+        tokenizer = AutoTokenizer.from_pretrained(src)
+        model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    if cfg.grad_checkpointing:
+        model.gradient_checkpointing_enable()
+    model.train()
+    return model.to(device), tokenizer
+
+
+def mask_padded_vocab(logits: Tensor, vocab_size: int) -> Tensor:
+    """Set ids >= vocab_size (the output layer's padding past the tokenizer) to -inf. [..., V] -> same."""
+    if logits.shape[-1] == vocab_size:
+        return logits
+    return logits.masked_fill(torch.arange(logits.shape[-1], device=logits.device) >= vocab_size, -torch.inf)
+
+
+def check_vocab(tokenizer_size: int, model_vocab: int) -> None:
+    """A tokenizer may be smaller than the output layer (padding, masked) but never larger."""
+    if tokenizer_size > model_vocab:
+        raise ValueError(
+            f"tokenizer has {tokenizer_size} tokens but the model's output layer only {model_vocab}: "
+            "ids past the output layer could never be scored"
+        )
+
+
+def left_pad(prompt_ids: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[Tensor, Tensor]:
+    """Left-padded prompts: ([B, P] ids, [B, P] bool attention mask), P = the longest prompt."""
+    P = max(len(p) for p in prompt_ids)
+    ids = torch.full((len(prompt_ids), P), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(prompt_ids), P), dtype=torch.bool)
+    for b, p in enumerate(prompt_ids):
+        ids[b, P - len(p) :] = torch.as_tensor(p, dtype=torch.long)
+        attn[b, P - len(p) :] = True
+    return ids, attn
+
+
+def pack(prompt_ids: Sequence[Sequence[int]], completion_ids: Tensor, pad_id: int = 0) -> tuple[Tensor, Tensor]:
+    """Left-pad prompts, append right-padded completions: ([B, P+T] ids, [B, P+T] bool attention mask)."""
+    ids, attn = left_pad(prompt_ids, pad_id)
+    return torch.cat([ids, completion_ids], -1), torch.cat(
+        [attn, torch.ones_like(completion_ids, dtype=torch.bool)], -1
+    )
+
+
+def completion_logits(
+    model: Any,
+    prompt_ids: Sequence[Sequence[int]],
+    completion_ids: Tensor,
+    temperature: float,
+    vocab_size: int,
+) -> Tensor:
+    """Teacher-forced `mask(logits) / temperature` at each completion position: [B, T, V] float32.
+
+    `log_softmax` of this is the log-prob the samplers return (`Rollouts.logprobs` for the sampled id, `top_logp`
+    for the top-K). Differentiable; call under `torch.no_grad()` when only scoring.
+    """
+    ids, attn = pack(prompt_ids, completion_ids)
+    return packed_logits(model, ids, attn, completion_ids.shape[1], temperature, vocab_size)
+
+
+def packed_logits(
+    model: Any, ids: Tensor, attn: Tensor, T: int, temperature: float, vocab_size: int | None = None
+) -> Tensor:
+    """`completion_logits` for rows already packed as [left-padded prompt | completion of T columns]:
+    ids, attn [B, P+T] -> [B, T, V] float32 (vocab_size None: no padded-vocabulary mask)."""
+    device = next(model.parameters()).device
+    ids, attn = ids.to(device), attn.to(device).long()
+    position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
+    out = model(input_ids=ids, attention_mask=attn, position_ids=position_ids, logits_to_keep=T + 1)
+    logits = out.logits[:, :-1].float() / temperature
+    return logits if vocab_size is None else mask_padded_vocab(logits, vocab_size)
