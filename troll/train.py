@@ -350,6 +350,8 @@ def train(cfg: Config) -> dict:
             print(f"{out} finished at step {state['step']} (--steps {cfg.steps}): nothing to do, nothing changed")
             return json.loads((out / "summary.json").read_text())
         model, tokenizer = build_model(cfg, device, path=str(ckpt))
+        first = state["eval_before"]  # checkpoints written before the best evaluation was tracked lack these keys
+        state = {"eval_after": first, "eval_best": first, "eval_best_step": 0, "dropped_test_prompts": 0} | state
     else:
         if (out / "checkpoints").exists():
             raise FileExistsError(f"{out} already holds a run: pass --resume true or choose another --out")
