@@ -1,31 +1,43 @@
-"""Cost of the sparse TROLL projection next to PPO-clip at LLM scale: time and peak memory of one loss + backward.
+"""Cost of the TROLL loss next to PPO-clip at LLM scale: time and peak memory of one loss + backward.
 
     .venv/bin/python bench/projection.py                      # N = 4096 tokens, V = 151,936 (Qwen), float32, cpu
+    .venv/bin/python bench/projection.py --paper              # also the paper's sparse model (4th variant)
     .venv/bin/python bench/projection.py --device cuda --dtype bfloat16 --n 16384
 
 What one call of each variant does (logits [N, V] with requires_grad, old logits [N, V] a constant, sampled
-tokens y [N], advantages A [N]); both include every pass over the full vocabulary:
-  troll: sparsify the old policy (no grad) and the current one (with grad), `project_sparse` (eps 0.05), loss
-         mean(-A * exp(log pi*(y) - log q(y))) + mean(KL(p || stopgrad(pi*))) on the union support, backward;
-  clip:  old log-prob of y (logsumexp + gather, no grad), log-softmax of the logits over V, gather y, ratio,
-         mean(-min(r A, clip(r, 0.8, 1.2) A)), backward.
-Inputs in bf16/fp16 are upcast to float32 in both variants (sparsify does it; clip calls .float()).
-The time is also split into the no-grad pass over the old logits and the update (forward + backward).
+tokens y [N], advantages A [N]); every pass over the full vocabulary is included:
+  troll:       the old-policy pass as the trainer runs it, `sparsify(old_logits, y, K, DELTA)` under no_grad;
+               then `troll.losses.troll_loss` (rest model, the default: p gathered at q's kept set plus one exact
+               rest atom, `project_sparse` with eps 0.05, loss mean(-A * exp(log pi*(y) - log q(y))) +
+               mean(KL(p || stopgrad(pi*))) over the atoms), and backward;
+  troll-paper: (with --paper) the same with support="paper": p's own top-K support (K, DELTA) and the union;
+  clip:        the same old-policy pass, then `troll.losses.ppo_clip` (clip 0.2): p(y) comes from the same
+               gather op as troll's (`head.gather_logprobs` via `build_support`, no [N, V] log-softmax kept for
+               backward), and backward;
+  naive:       old log-prob of y (logsumexp + gather, no grad), `log_softmax` of the logits over V (kept for
+               backward), gather y, ratio, mean(-min(r A, clip(r, 0.8, 1.2) A)), backward.
+The losses get the logits viewed as [N, 1, V] (N responses of one token, tokens/mask [N, 1], adv [N]), so
+token-mean aggregation is the plain mean over the N tokens. Inputs in bf16/fp16 are computed in float32 in
+every variant (the troll package does it; naive calls .float()). The time is also split into the no-grad pass
+over the old logits and the update (forward + backward). troll vs clip isolates the trust region (both share the
+old-policy pass and the gather); troll vs naive is against the textbook PPO-clip implementation.
 
 Data: peaked synthetic logits. Each row has N(0, 1) logits plus 5-10 "head" tokens at 25 + N(0, 1.5^2), so the
-head holds all but ~1e-6 of the mass and the sparse support keeps exactly those 5-10 tokens. The old logits add
-N(0, 0.1^2) everywhere and a per-row perturbation of the head logits, sized so that about a third of the tokens
-have KL(p || q) > eps. The sampled token is drawn from the old policy's head.
+head holds all but ~1e-6 of the mass and the old policy's sparse support keeps exactly those 5-10 tokens. The
+old logits add N(0, 0.1^2) everywhere and a per-row perturbation of the head logits, sized so that about a
+third of the tokens have KL(p || q) > eps. The sampled token is drawn from the old policy's head. Both policies
+keep the same head, so the two sparse models see the same tokens here (same projection up to rounding): troll vs
+troll-paper compares their cost only (notebooks/02_sparse_supports.ipynb compares their accuracy).
 
-Timing: a warm-up call of each on 256 rows, then `--repeats` full rounds that alternate the order (clip, troll /
-troll, clip) so that the load of other processes hits both alike; medians (and the minimum wall time, the
-steadiest estimate on a busy machine) are reported (cuda: synchronised).
-Besides wall time, the host CPU time of the process (getrusage: user and sys) is printed: on a shared machine
-user time is the steadier measure of the work done. Sys time is the kernel handing out fresh pages: glibc returns
-every large freed block to the OS, so each new [N, V] buffer is page-faulted again (~1 s per 2.5 GB with 4 KB
-pages; a GPU's caching allocator has no such cost). This script therefore sets torch's THP_MEM_ALLOC_ENABLE=1
-(2 MB transparent huge pages for large CPU tensors, several times cheaper to fault in) unless the environment
-sets it; THP_MEM_ALLOC_ENABLE=0 measures with 4 KB pages.
+Timing: a warm-up call of each on 256 rows, then `--repeats` full rounds; each round runs the variants in turn,
+in an order that alternates between rounds (forward, then reversed) so that the load of other processes hits
+all alike; medians (and the minimum wall time, the steadiest estimate on a busy machine) are reported (cuda:
+synchronised). Besides wall time, the host CPU time of the process (getrusage: user and sys) is printed: on a
+shared machine user time is the steadier measure of the work done. Sys time is the kernel handing out fresh
+pages: glibc returns every large freed block to the OS, so each new [N, V] buffer is page-faulted again (~1 s
+per 2.5 GB with 4 KB pages; a GPU's caching allocator has no such cost). This script therefore sets torch's
+THP_MEM_ALLOC_ENABLE=1 (2 MB transparent huge pages for large CPU tensors, several times cheaper to fault in)
+unless the environment sets it; THP_MEM_ALLOC_ENABLE=0 measures with 4 KB pages.
 
 Peak memory, per call: the highest memory in use during the call minus what was in use right before it
 (the logits, old logits, tokens, advantages). The call's gradient of the logits (N V elements) is part of it.
@@ -38,12 +50,13 @@ Peak memory, per call: the highest memory in use during the call minus what was 
         resident once written (no swap on this machine). Small allocations can stay in the heap: a few MB.
 Three memory figures: extra (peak minus before); extra beyond the logits' gradient (extra - N V * itemsize);
 absolute (before + extra: the inputs, the gradient and all temporaries; on cpu also the ~0.3 GB Python + torch
-runtime). "What both need anyway" is the inputs plus the gradient, so "beyond grad" is the pure overhead of
-each method and "absolute" the whole footprint; the SUMMARY shows both, absolute first.
+runtime). "What all need anyway" is the inputs plus the gradient, so "beyond grad" is the pure overhead of
+each method and "absolute" the whole footprint; the ratios and the SUMMARY use the absolute peak.
 
-Also printed: the dual solver's iterations (mean, max over projected tokens), the fraction projected, the mean
-kept-support sizes, and the largest |KL(pi* || q) - eps| on projected tokens, both as the solver reports it and
-recomputed in float64 from the returned (float32) projection. The last line is a one-line SUMMARY.
+Also printed for troll (and troll-paper): the dual solver's iterations (mean, max over projected tokens), the
+fraction projected, the unconverged fraction, the mean support size (atoms), the sparse KL(p || q) and the
+largest |KL(pi* || q) - eps| over the atoms on projected tokens as the solver reports it. The last line is a
+one-line SUMMARY with the targets: troll vs clip (same gather) <= 1.10x time and <= 1.05x peak memory.
 """
 
 from __future__ import annotations
@@ -59,10 +72,11 @@ os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # read at torch's first CPU 
 
 import torch  # noqa: E402
 
-from troll.project import Projection, project_sparse  # noqa: E402
-from troll.sparse import kl, sparsify  # noqa: E402
+from troll.losses import ppo_clip, troll_loss  # noqa: E402
+from troll.sparse import sparsify  # noqa: E402
 
 EPS, CLIP, K, DELTA = 0.05, 0.2, 64, 1e-5
+TARGET_TIME, TARGET_MEMORY = 1.10, 1.05  # troll / clip (same gather)
 GB = 1e9
 
 
@@ -88,21 +102,31 @@ def make_batch(n: int, v: int, dtype: torch.dtype, device: str, seed: int = 0, h
     return logits.requires_grad_(), old, tokens, adv
 
 
-def troll_loss(logits, old_logits, tokens, adv, marks):
+def _package_loss(loss_fn, logits, old_logits, tokens, adv, marks, **kwargs):
+    """Old-policy pass (no grad, as train.py's anchor), then a troll.losses loss on [N, 1, V] and backward."""
     with torch.no_grad():
         old = sparsify(old_logits, tokens, K, DELTA)
     marks.append(time.perf_counter())
-    new = sparsify(logits, tokens, K, DELTA)
-    proj = project_sparse(new, old, EPS)
-    log_pi, _, log_q = proj.at(tokens)
-    s = proj.support
-    reg = kl(s.lp, proj.logp.detach(), s.mask, s.lp_tail, proj.tail_logp.detach(), s.tail_count)
-    loss = (-adv * torch.exp(log_pi - log_q)).mean() + reg.mean()
+    n, v = logits.shape
+    mask = torch.ones(n, 1, dtype=torch.bool, device=logits.device)
+    loss, metrics = loss_fn(logits.view(n, 1, v), tokens.view(n, 1), mask, adv, old, **kwargs)
     loss.backward()
-    return proj, new.size.double().mean().item(), old.size.double().mean().item()
+    return metrics | {"old_size_mean": float(old.size.double().mean())}
 
 
-def clip_loss(logits, old_logits, tokens, adv, marks):
+def troll(logits, old_logits, tokens, adv, marks):
+    return _package_loss(troll_loss, logits, old_logits, tokens, adv, marks, eps=EPS)
+
+
+def troll_paper(logits, old_logits, tokens, adv, marks):
+    return _package_loss(troll_loss, logits, old_logits, tokens, adv, marks, eps=EPS, support="paper", k=K, delta=DELTA)
+
+
+def clip(logits, old_logits, tokens, adv, marks):
+    return _package_loss(ppo_clip, logits, old_logits, tokens, adv, marks, eps_low=CLIP, eps_high=CLIP)
+
+
+def naive_clip(logits, old_logits, tokens, adv, marks):
     with torch.no_grad():
         x = old_logits.float()
         old_logp = x.gather(1, tokens[:, None])[:, 0] - x.logsumexp(-1)
@@ -151,16 +175,6 @@ def measure(fn, args, device: str) -> dict:
     )
 
 
-def troll_report(proj: Projection) -> dict[str, float]:
-    """Solver statistics plus the constraint residual recomputed in float64 from the projection's values."""
-    st = proj.stats()
-    s, act = proj.support, proj.dual.active
-    lp, tail = proj.logp.detach().double(), proj.tail_logp.detach().double()
-    kl_out = kl(lp, s.lq.double(), s.mask, tail, s.lq_tail.double(), s.tail_count)
-    st["residual_recomputed"] = float((kl_out - EPS).abs()[act].max()) if bool(act.any()) else 0.0
-    return st
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=4096, help="tokens")
@@ -169,6 +183,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--paper", action="store_true", help="also run troll with the paper's sparse model")
     a = ap.parse_args()
     if a.device == "cpu" and not os.access("/proc/self/clear_refs", os.W_OK):
         raise SystemExit("cpu peak memory needs a writable /proc/self/clear_refs (Linux)")
@@ -181,30 +196,31 @@ def main() -> None:
         f"THP={os.environ['THP_MEM_ALLOC_ENABLE']}; logits {grad_bytes / GB:.2f} GB each, "
         f"data made in {time.perf_counter() - t0:.1f} s"
     )
-    variants = {"clip": clip_loss, "troll": troll_loss}
+    variants = {"troll": troll, "clip": clip, "naive": naive_clip}
+    if a.paper:
+        variants["troll-paper"] = troll_paper
     few = min(a.n, 256)  # warm-up (thread pool, lazy initialisation, kernels) on a few rows: cheap
     warm = (args[0].detach()[:few].clone().requires_grad_(), *(x[:few] for x in args[1:]))
     for fn in variants.values():
         measure(fn, warm, a.device)
     del warm
     runs: dict[str, list[dict]] = {name: [] for name in variants}
+    stats: dict[str, dict] = {}
     for r in range(a.repeats):
         for name in list(variants)[:: -1 if r % 2 else 1]:
             m = measure(variants[name], args, a.device)
             print(
-                f"  round {r + 1}: {name:5s} {m['wall']:6.2f} s wall, cpu user {m['user']:6.2f} s sys "
+                f"  round {r + 1}: {name:11s} {m['wall']:6.2f} s wall, cpu user {m['user']:6.2f} s sys "
                 f"{m['sys']:6.2f} s, peak extra {m['extra'] / GB:5.2f} GB"
             )
             out = m.pop("out")
-            if name == "troll":
-                proj, new_size, old_size = out
-                st = troll_report(proj)
-            del out
+            if name.startswith("troll"):
+                stats[name] = out
             runs[name].append(m)
 
     med = {}
     print(
-        f"\nmedians  {'wall s':>7s} {'(min)':>6s} {'old pass':>8s} {'update':>7s} {'cpu user':>8s} {'sys':>6s} | "
+        f"\nmedians     {'wall s':>7s} {'(min)':>6s} {'old pass':>8s} {'update':>7s} {'cpu user':>8s} {'sys':>6s} | "
         f"{'extra GB':>8s} {'beyond grad':>11s} {'absolute':>8s}"
     )
     for name, ms in runs.items():
@@ -215,29 +231,39 @@ def main() -> None:
         md["beyond"], md["absolute"] = md["extra"] - grad_bytes, md["before"] + md["extra"]
         med[name] = md
         print(
-            f"{name:8s} {md['wall']:7.2f} {md['min']:6.2f} {md['old']:8.2f} {md['update']:7.2f} {md['user']:8.2f} "
+            f"{name:11s} {md['wall']:7.2f} {md['min']:6.2f} {md['old']:8.2f} {md['update']:7.2f} {md['user']:8.2f} "
             f"{md['sys']:6.2f} | {md['extra'] / GB:8.2f} {md['beyond'] / GB:11.2f} {md['absolute'] / GB:8.2f}"
         )
-    x = {k: med["troll"][k] / med["clip"][k] if med["clip"][k] else math.nan for k in med["troll"]}
+
+    def ratio(num: str, den: str) -> dict[str, float]:
+        return {k: med[num][k] / med[den][k] if med[den][k] else math.nan for k in med[num]}
+
+    pairs = [("troll", "clip"), ("troll", "naive")] + ([("troll-paper", "clip")] if a.paper else [])
+    x = {pair: ratio(*pair) for pair in pairs}
+    head = f"{'time':>6s} {'(min)':>6s} {'update':>6s} {'cpu user':>8s} | {'memory':>6s} {'extra':>6s}"
+    print(f"\nratios            {head}")
+    for (num, den), r in x.items():
+        print(
+            f"{num + '/' + den:17s} {r['wall']:5.2f}x {r['min']:5.2f}x {r['update']:5.2f}x {r['user']:7.2f}x | "
+            f"{r['absolute']:5.2f}x {r['extra']:5.2f}x"
+        )
+    print("  (time: median wall; memory: absolute peak; extra: peak minus what was in use before the call)")
+    for name, st in stats.items():
+        print(
+            f"{name}: {st['frac_active']:.1%} of tokens projected, solver iterations mean {st['dual_iters_mean']:.2f} "
+            f"max {st['dual_iters_max']:.0f}, unconverged {st['dual_frac_unconverged']:.1%}; old support "
+            f"{st['old_size_mean']:.2f} tokens, atoms {st['dual_support_size_mean']:.2f} + 1; sparse KL(p||q) mean "
+            f"{st['kl_before_mean']:.3f} max {st['kl_before_max']:.2f}; residual |KL(pi*||q) - eps| max "
+            f"{st['dual_residual_max']:.1e}"
+        )
+    tc, tn, st = x["troll", "clip"], x["troll", "naive"], stats["troll"]
+    ok = tc["wall"] <= TARGET_TIME and tc["absolute"] <= TARGET_MEMORY
     print(
-        f"troll/clip: time {x['wall']:.2f}x (min {x['min']:.2f}x, update only {x['update']:.2f}x; host cpu time "
-        f"{x['cpu']:.2f}x, user {x['user']:.2f}x); peak memory absolute {x['absolute']:.2f}x, extra {x['extra']:.2f}x, "
-        f"beyond the logits' gradient {x['beyond']:.2f}x"
-    )
-    print(
-        f"projection: {st['frac_projected']:.1%} of tokens projected, solver iterations mean {st['iters_mean']:.2f} "
-        f"max {st['iters_max']:.0f}, unconverged {st['frac_unconverged']:.1%}; kept support mean new {new_size:.2f} "
-        f"old {old_size:.2f} union {st['support_size_mean']:.2f}; KL(p||q) mean {st['kl_before_mean']:.3f} "
-        f"max {st['kl_before_max']:.2f}"
-    )
-    print(
-        f"residual |KL(pi*||q) - eps| on projected tokens: max {st['residual_max']:.1e} (solver, float64), "
-        f"{st['residual_recomputed']:.1e} (recomputed in float64 from the returned projection)"
-    )
-    print(
-        f"SUMMARY projection: time {x['wall']:.2f}x clip (min {x['min']:.2f}x, cpu user {x['user']:.2f}x), peak memory "
-        f"{x['absolute']:.2f}x clip (beyond logits+grad {x['beyond']:.2f}x), iters mean {st['iters_mean']:.1f} "
-        f"max {st['iters_max']:.0f}, residual {max(st['residual_max'], st['residual_recomputed']):.1e}"
+        f"SUMMARY projection: troll vs clip (same gather) time {tc['wall']:.2f}x (min {tc['min']:.2f}x, cpu user "
+        f"{tc['user']:.2f}x; target <= {TARGET_TIME:.2f}x), peak memory {tc['absolute']:.2f}x (target <= "
+        f"{TARGET_MEMORY:.2f}x): {'met' if ok else 'NOT met'}; vs naive clip time {tn['wall']:.2f}x, memory "
+        f"{tn['absolute']:.2f}x; {st['frac_active']:.0%} projected, iters mean {st['dual_iters_mean']:.1f} "
+        f"max {st['dual_iters_max']:.0f}"
     )
 
 

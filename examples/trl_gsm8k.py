@@ -4,7 +4,7 @@
     accelerate launch --num_processes 8 examples/trl_gsm8k.py --output_dir runs/trl-gsm8k \\
         --use_vllm --vllm_mode colocate --bf16                                            # 8 GPUs, vLLM in-process
     accelerate launch --config_file deepspeed_zero3.yaml examples/trl_gsm8k.py ...       # DeepSpeed / FSDP: TRL's
-    python examples/trl_gsm8k.py --tiny --data ../shared/data/gsm8k --max_steps 2 --use_cpu   # CPU, tiny local model
+    python examples/trl_gsm8k.py --tiny --data $TROLL_GSM8K_DIR --max_steps 2 --use_cpu   # CPU, tiny local model
 
 Every TROLLConfig field is a flag (TRL's `TrlParser`): GRPOConfig's (`--num_generations`, `--learning_rate`,
 `--per_device_train_batch_size`, `--max_completion_length`, `--steps_per_generation`, `--use_vllm`, ...) and
