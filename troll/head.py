@@ -91,14 +91,20 @@ class LMHead:
         """Reshape the leading dims (the last one, V, must stay): e.g. [B, T, V] -> [B*T, V]."""
         return replace(self, hidden=self.hidden.reshape(*shape[:-1], self.hidden.shape[-1]))
 
-    def logits(self, rows: slice | Tensor = slice(None)) -> Tensor:
-        """Logits of some rows of a 2-D head, [n, V_out] in the compute dtype (the reference: whole [N, V])."""
-        x = self.hidden[rows] @ self.weight.T
+    def logits(self, rows: slice | Tensor = slice(None), out: Tensor | None = None) -> Tensor:
+        """Logits of some rows of a 2-D head, [n, V_out] in the compute dtype (into `out` if given).
+
+        The matmul runs in the promoted dtype of hidden and weight with autocast off, so the op's forward and its
+        backward (where autocast is not active) compute the same logits."""
+        dt = torch.promote_types(self.hidden.dtype, self.weight.dtype)
+        with torch.autocast(self.hidden.device.type, enabled=False):
+            x = torch.matmul(self.hidden[rows].to(dt), self.weight.to(dt).T, out=out if dt == self.dtype else None)
         if self.bias is not None:
-            x = x + self.bias
-        x = x.to(compute_dtype(x.dtype)) / self.temperature
+            x += self.bias.to(x.dtype)
+        x = x.to(self.dtype) if out is None or x is out else out.copy_(x)
+        x /= self.temperature
         if self.vocab_size is not None and self.vocab_size < x.shape[-1]:
-            x = x.masked_fill(torch.arange(x.shape[-1], device=x.device) >= self.vocab_size, -math.inf)
+            x[:, self.vocab_size :] = -math.inf
         return x
 
 
@@ -111,39 +117,45 @@ def _chunks(x: Logits) -> list[slice]:
     return [slice(i, i + per) for i in range(0, n, per)]
 
 
-def _chunk_logits(x: Tensor, weight: Tensor | None, bias: Tensor | None, temp: float, vocab: int, r: slice) -> Tensor:
-    if weight is None:
-        return x[r].to(compute_dtype(x.dtype))
-    return LMHead(x, weight, bias, temp, vocab).logits(r)
+def _chunk_logits(x: Tensor, head: LMHead | None, r: slice, buf: Tensor) -> Tensor:
+    """Rows r of the logits in the compute dtype: a view of x (logits given), or the head's output in `buf`."""
+    if head is None:
+        return x[r] if x.dtype == buf.dtype else buf[: x[r].shape[0]].copy_(x[r])
+    return head.logits(r, out=buf[: x[r].shape[0]])
 
 
 class _GatherLogprobs(torch.autograd.Function):
-    """(x or hidden, weight, bias, idx, live, temperature, vocab, per) -> logp [N, W], log_rest [N], entropy [N] (module
-    docstring), `per` rows at a time. weight None: x holds the logits [N, V]. Saves the inputs and three numbers
-    per row."""
+    """(x or hidden, weight, bias, idx, live, temperature, vocab, per) -> logp [N, W], log_rest [N], entropy [N]
+    (module docstring), `per` rows at a time. weight None: x holds the logits [N, V]. Saves the inputs and three
+    numbers per row. Each call allocates its [per, V] work buffers once and reuses them for every chunk: a fresh
+    buffer per chunk costs the CPU more in page faults than the arithmetic."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, idx, live, temp, vocab, per):  # type: ignore[override]
         dt = compute_dtype(x.dtype)
-        n = x.shape[0]
+        n, v = x.shape[0], (x.shape[-1] if weight is None else weight.shape[0])
+        head = None if weight is None else LMHead(x, weight, bias, temp, vocab)
         lse = torch.empty(n, dtype=dt, device=x.device)
         lse_rest, entropy = torch.empty_like(lse), torch.empty_like(lse)
         logp = torch.empty(idx.shape, dtype=dt, device=x.device)
         rows = [slice(i, i + per) for i in range(0, n, per)]
+        work, shifted = (torch.empty(min(per, n), v, dtype=dt, device=x.device) for _ in range(2))
         for r in rows:
-            xc = _chunk_logits(x, weight, bias, temp, vocab, r)
+            xc = _chunk_logits(x, head, r, work)
+            m = xc.shape[0]
             top = xc.amax(-1, keepdim=True)
-            e = (xc - top).exp_()
+            d = torch.sub(xc, top, out=shifted[:m])  # log(p) + log z, -inf on masked ids
+            e = torch.exp(d, out=work[:m])  # xc (a view of x, or the head's logits) is no longer needed
             z = e.sum(-1)
             lse[r] = top[:, 0] + z.log()
-            entropy[r] = z.log() - torch.special.xlogy(e, e).sum(-1) / z
-            logp[r] = xc.gather(-1, idx[r]) - lse[r, None]
+            logp[r] = d.gather(-1, idx[r]) - z.log()[:, None]
+            entropy[r] = z.log() - d.mul_(e).nansum(-1) / z  # -inf * 0 = NaN on masked ids: nansum drops them
             lse_rest[r] = top[:, 0] + e.scatter_(-1, idx[r], 0.0).sum(-1).log()  # masked slots repeat a live id
         if not bool(torch.isfinite(lse).all()):
             bad = torch.nonzero(~torch.isfinite(lse))[:5, 0].tolist()
             raise ValueError(f"logits contain NaN/+inf or a row with no finite entry (rows {bad})")
         for i in torch.nonzero(lse_rest == -math.inf)[:, 0].tolist():  # a rest below float range: log space
-            xc = _chunk_logits(x, weight, bias, temp, vocab, slice(i, i + 1))
+            xc = _chunk_logits(x, head, slice(i, i + 1), work)
             lse_rest[i] = xc.scatter(-1, idx[i : i + 1], -math.inf).logsumexp(-1)[0]
         ctx.save_for_backward(x, weight, bias, idx, live, lse, lse_rest)
         ctx.temp, ctx.vocab, ctx.rows = temp, vocab, rows
@@ -153,26 +165,34 @@ class _GatherLogprobs(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g, g_rest, _):  # type: ignore[override]
         x, weight, bias, idx, live, lse, lse_rest = ctx.saved_tensors
-        g = torch.where(live, g.to(lse.dtype), 0.0)
-        total = g.sum(-1) + g_rest.to(lse.dtype)
+        dt = lse.dtype
+        g = torch.where(live, g.to(dt), 0.0)
+        total = g.sum(-1) + g_rest.to(dt)
         has_rest = torch.isfinite(lse_rest)
         base = torch.where(has_rest, lse_rest, lse)  # p_v / r on the rest (or p_v where there is no rest)
         coef = g_rest - total * torch.where(has_rest, (lse_rest - lse).exp(), 0.0)
-        grad_x = torch.empty_like(x) if weight is None else torch.empty(x.shape, dtype=lse.dtype, device=x.device)
-        grad_w = None if weight is None else torch.zeros(weight.shape, dtype=lse.dtype, device=x.device)
-        grad_b = None if bias is None else torch.zeros(bias.shape, dtype=lse.dtype, device=x.device)
+        head = None if weight is None else LMHead(x, weight, bias, ctx.temp, ctx.vocab)
+        n, v = x.shape[0], (x.shape[-1] if weight is None else weight.shape[0])
+        work = torch.empty(min(ctx.rows[0].stop, n) if n else 0, v, dtype=dt, device=x.device)
+        direct = weight is None and x.dtype == dt  # write dL/dx straight into the gradient's rows
+        grad_x = torch.empty_like(x) if weight is None else torch.empty(x.shape, dtype=dt, device=x.device)
+        grad_w = None if weight is None else torch.zeros(weight.shape, dtype=dt, device=x.device)
+        grad_b = None if bias is None else torch.zeros(bias.shape, dtype=dt, device=x.device)
+        w = None if weight is None else weight.to(dt)
         for r in ctx.rows:
-            xc = _chunk_logits(x, weight, bias, ctx.temp, ctx.vocab, r)
+            xc = _chunk_logits(x, head, r, work)
             p_s = (xc.gather(-1, idx[r]) - lse[r, None]).exp()
             at_s = g[r] - p_s * total[r, None]
             at_s = torch.where(live[r], at_s, at_s[:, :1])  # masked slots repeat slot 0: write the same value
-            gc = (xc - base[r, None]).exp_().mul_(coef[r, None]).scatter_(-1, idx[r], at_s)
+            out = grad_x[r] if direct else work[: xc.shape[0]]
+            gc = torch.sub(xc, base[r, None], out=out).exp_().mul_(coef[r, None]).scatter_(-1, idx[r], at_s)
             if weight is None:
-                grad_x[r] = gc
+                if not direct:
+                    grad_x[r] = gc
                 continue
-            gc.div_(ctx.temp)  # masked (padded) ids: exp(-inf) = 0, no gradient
-            grad_x[r] = gc @ weight.to(gc.dtype)
-            grad_w.addmm_(gc.T, x[r].to(gc.dtype))
+            gc /= ctx.temp  # masked (padded) ids: exp(-inf) = 0, no gradient
+            grad_x[r] = gc @ w
+            grad_w.addmm_(gc.T, x[r].to(dt))
             if grad_b is not None:
                 grad_b += gc.sum(0)
         return grad_x.to(x.dtype), _cast(grad_w, weight), _cast(grad_b, bias), None, None, None, None, None
