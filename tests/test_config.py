@@ -54,6 +54,7 @@ BAD_FLAGS = [
     (["--max_new_tokens", "0"], "max_new_tokens must be >= 1"),
     (["--max_prompt_len", "0"], "max_prompt_len must be >= 1"),
     (["--micro_batch_tokens", "0"], "micro_batch_tokens must be >= 1"),
+    (["--logits_chunk", "-1"], "logits_chunk must be >= 0"),
     (["--warmup_steps", "-1"], "warmup_steps must be >= 0"),
     (["--weight_decay", "-1"], "weight_decay must be >= 0"),
     (["--grad_clip", "0"], "grad_clip must be > 0"),

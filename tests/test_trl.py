@@ -68,19 +68,28 @@ def make_trainer(tokenizer, tmp_path: Path, **overrides) -> TROLLGRPOTrainer:
 
 
 @pytest.mark.parametrize(
-    ("loss_type", "level", "agg", "support"),
+    ("loss_type", "level", "agg", "support", "chunk"),
     [
-        ("dapo", "token", "token-mean", "rest"),
-        ("bnpo", "token", "token-mean", "rest"),
-        ("grpo", "token", "seq-mean-token-mean", "rest"),
-        ("dr_grpo", "token", "seq-mean-token-sum-norm", "rest"),
-        ("dapo", "sequence", "token-mean", "rest"),
-        ("dapo", "token", "token-mean", "paper"),
+        ("dapo", "token", "token-mean", "rest", 0),
+        ("bnpo", "token", "token-mean", "rest", 0),
+        ("grpo", "token", "seq-mean-token-mean", "rest", 0),
+        ("dr_grpo", "token", "seq-mean-token-sum-norm", "rest", 0),
+        ("dapo", "sequence", "token-mean", "rest", 0),
+        ("dapo", "token", "token-mean", "paper", 0),
+        ("dapo", "token", "token-mean", "rest", 7),
     ],
 )
-def test_loss_equals_troll_loss(tokenizer, tmp_path, loss_type, level, agg, support):
+def test_loss_equals_troll_loss(tokenizer, tmp_path, loss_type, level, agg, support, chunk):
+    """TRL's compute_loss on a generated batch equals troll_loss on full logits (the reference: q from the
+    unpadded prompts before a weight perturbation), in value and every gradient; chunk > 0: TRL's side runs the
+    chunked output layer, old-policy pass included."""
     trainer = make_trainer(
-        tokenizer, tmp_path, loss_type=loss_type, importance_sampling_level=level, troll_support=support
+        tokenizer,
+        tmp_path,
+        loss_type=loss_type,
+        importance_sampling_level=level,
+        troll_support=support,
+        troll_logits_chunk=chunk,
     )
     model = trainer.model
     model.train()
@@ -158,6 +167,7 @@ def test_version_range_is_enforced():
         ("vllm_importance_sampling_correction", True),
         ("troll_eps", 0.0),
         ("troll_support", "dense"),
+        ("troll_logits_chunk", -1),
     ],
 )
 def test_incompatible_settings_raise(tmp_path, setting, value):

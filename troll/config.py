@@ -92,6 +92,7 @@ class Config:
     steps: int = 100  # RL steps
     minibatches: int = 2  # optimiser steps per RL step (the step's samples are split into this many parts)
     micro_batch_tokens: int = 4096  # gradient accumulation: at most this many padded tokens per forward
+    logits_chunk: int = 0  # output layer in chunks of this many rows, no [tokens, V] logits (0: full logits)
     lr: float = 1e-4  # AdamW learning rate
     lr_schedule: str = "constant"  # learning-rate schedule (cosine decays to 0 over all optimiser steps)
     warmup_steps: int = 0  # linear warmup, in optimiser steps
@@ -213,6 +214,7 @@ def check(cfg: Config) -> list[str]:
         "steps": 1,
         "minibatches": 1,
         "micro_batch_tokens": 1,
+        "logits_chunk": 0,
         "warmup_steps": 0,
         "sft_steps": 0,
         "sft_batch": 1,
@@ -286,6 +288,7 @@ _GSM8K_GPU = dict(
     max_prompt_len=512,
     max_new_tokens=1024,
     micro_batch_tokens=16384,
+    logits_chunk=1024,
     bf16=True,
     grad_checkpointing=True,
     steps=200,

@@ -3,6 +3,7 @@
     model, tokenizer = build_model(cfg, device)                   # tiny local Llama, or a HF model / directory
     logits = completion_logits(model, prompt_ids, completion_ids, temperature, len(tokenizer))   # [B, T, V]
     logits = packed_logits(model, ids, attn, T, temperature, vocab_size)                         # already packed
+    head = packed_logits(model, ids, attn, T, temperature, vocab_size, chunk_rows=1024)          # head.LMHead
 
 Everything that turns the network's weights into the policy pi(. | context) lives here, so the trainer, the TRL
 integration, the tests and the benchmarks score completions with one function, and the samplers (rollout.py,
@@ -24,6 +25,10 @@ Choices:
 - `mask_padded_vocab` sets ids >= len(tokenizer) to -inf: Qwen's output layer has rows past the tokenizer
   (151,936 rows, 151,665 tokens) that must never carry probability. A tokenizer larger than the output layer is
   a ValueError (`check_vocab`).
+- `chunk_rows` > 0 returns the same distribution as a `head.LMHead`: the last hidden states [B, T, H] and the
+  output layer, applied in chunks of that many rows by the losses (each chunk's logits recomputed in backward),
+  so no [B, T, V] tensor exists for the micro-batch. The LM head must be a plain linear layer on the decoder's
+  last hidden state (Llama, Qwen2, Qwen3: checked; logit soft-capping or scaling raises).
 - `build_model` returns train mode (`from_pretrained` returns eval mode, in which gradient checkpointing does
   nothing) in float32; bf16 is autocast by the trainer.
 """
@@ -35,6 +40,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
+
+from troll.head import LMHead, Logits
 
 if TYPE_CHECKING:
     from troll.config import Config
@@ -103,24 +110,50 @@ def completion_logits(
     completion_ids: Tensor,
     temperature: float,
     vocab_size: int,
-) -> Tensor:
+    chunk_rows: int = 0,
+) -> Logits:
     """Teacher-forced `mask(logits) / temperature` at each completion position: [B, T, V] float32.
 
     `log_softmax` of this is the log-prob the samplers return (`Rollouts.logprobs` for the sampled id, `top_logp`
     for the top-K). Differentiable; call under `torch.no_grad()` when only scoring.
     """
     ids, attn = pack(prompt_ids, completion_ids)
-    return packed_logits(model, ids, attn, completion_ids.shape[1], temperature, vocab_size)
+    return packed_logits(model, ids, attn, completion_ids.shape[1], temperature, vocab_size, chunk_rows)
 
 
 def packed_logits(
-    model: Any, ids: Tensor, attn: Tensor, T: int, temperature: float, vocab_size: int | None = None
-) -> Tensor:
+    model: Any,
+    ids: Tensor,
+    attn: Tensor,
+    T: int,
+    temperature: float,
+    vocab_size: int | None = None,
+    chunk_rows: int = 0,
+) -> Logits:
     """`completion_logits` for rows already packed as [left-padded prompt | completion of T columns]:
-    ids, attn [B, P+T] -> [B, T, V] float32 (vocab_size None: no padded-vocabulary mask)."""
+    ids, attn [B, P+T] -> [B, T, V] float32 (vocab_size None: no padded-vocabulary mask), or with chunk_rows > 0
+    the same as an `LMHead` over the hidden states [B, T, H] (module docstring)."""
     device = next(model.parameters()).device
     ids, attn = ids.to(device), attn.to(device).long()
     position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
-    out = model(input_ids=ids, attention_mask=attn, position_ids=position_ids, logits_to_keep=T + 1)
+    inputs = dict(input_ids=ids, attention_mask=attn, position_ids=position_ids)
+    if chunk_rows:
+        out_layer = _plain_output_layer(model)
+        hidden = model.get_decoder()(**inputs).last_hidden_state[:, -(T + 1) : -1]
+        return LMHead(hidden, out_layer.weight, out_layer.bias, temperature, vocab_size, chunk_rows)
+    out = model(**inputs, logits_to_keep=T + 1)
     logits = out.logits[:, :-1].float() / temperature
     return logits if vocab_size is None else mask_padded_vocab(logits, vocab_size)
+
+
+def _plain_output_layer(model: Any) -> torch.nn.Linear:
+    """The LM head, if the logits are exactly `head(last hidden state)`; a ValueError naming what is not."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    extra = [k for k in ("final_logit_softcapping", "logit_scale", "logits_scaling") if getattr(config, k, None)]
+    head = model.get_output_embeddings()
+    if extra or not isinstance(head, torch.nn.Linear):
+        raise ValueError(
+            f"the chunked output layer needs logits = lm_head(last hidden state); {type(model).__name__} has "
+            f"{extra or type(head).__name__}: use chunk_rows=0 (full logits)"
+        )
+    return head

@@ -62,6 +62,7 @@ from troll import addition, gsm8k
 from troll.advantages import advantages
 from troll.checkpoint import append_jsonl, latest_checkpoint, save_checkpoint, truncate_jsonl
 from troll.evaluate import decode, encode, score
+from troll.head import Logits
 from troll.losses import LOSSES
 from troll.metrics import merge
 from troll.policy import build_model, completion_logits
@@ -164,13 +165,13 @@ def sft_warmstart(cfg: Config, model: Any, tokenizer: Any, task: Task) -> float:
 # ----------------------------------------------------------------------------- the pieces of one RL step
 
 
-def policy_logits(cfg: Config, model: Any, ro: Rollouts, rows: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Current policy's temperature-scaled logits [b, T, V] at the completion positions of samples `rows`."""
+def policy_logits(cfg: Config, model: Any, ro: Rollouts, rows: torch.Tensor, vocab: int) -> Logits:
+    """Current policy's temperature-scaled logits [b, T, V] at the completion positions of samples `rows`, or with
+    `logits_chunk` the same as a chunked output layer over the hidden states (head.LMHead)."""
     device = next(model.parameters()).device
+    prompts = [ro.prompt_ids[i] for i in rows.tolist()]
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
-        return completion_logits(
-            model, [ro.prompt_ids[i] for i in rows.tolist()], ro.completion_ids[rows], ro.temperature, vocab
-        )
+        return completion_logits(model, prompts, ro.completion_ids[rows], ro.temperature, vocab, cfg.logits_chunk)
 
 
 def micro_batches(ro: Rollouts, max_tokens: int, rows: torch.Tensor) -> list[torch.Tensor]:
@@ -197,7 +198,7 @@ def old_policy(cfg: Config, model: Any, ro: Rollouts, vocab: int) -> SparseDist:
         for rows in micro_batches(ro, cfg.micro_batch_tokens, torch.arange(len(ro))):
             logits = policy_logits(cfg, model, ro, rows, vocab)
             ids = ro.completion_ids[rows].reshape(-1).to(logits.device)
-            dists.append(sparsify(logits.flatten(0, 1), ids, k=cfg.k, delta=cfg.delta).to("cpu"))
+            dists.append(sparsify(logits.reshape(-1, logits.shape[-1]), ids, k=cfg.k, delta=cfg.delta).to("cpu"))
     return cat_rows(dists)
 
 

@@ -15,7 +15,8 @@ checkpoints. The two steps TROLL replaces:
                this batch: the paper's choice, = troll.train's old_policy="recompute". (TRL asks its vLLM engine for
                the sampled token's log-prob only, so the engine's top-K cannot serve as q here.)
   loss         `compute_loss`: logits [b, T, V] / temperature of the current model (`policy.packed_logits`, the
-               function troll.train uses; positions counted from each row's first real token), then
+               function troll.train uses; positions counted from each row's first real token; with
+               `troll_logits_chunk` > 0 the chunked output layer, which never builds [b, T, V]), then
                `troll.losses.troll_loss(logits, completion_ids, mask, advantages, q, eps, alpha, k, delta, agg, level)`
                with mask = completion_mask (x tool_mask) and TRL's settings mapped to troll's:
 
@@ -94,6 +95,10 @@ class TROLLConfig(GRPOConfig):
     troll_alpha: float = field(default=1.0, metadata={"help": "TROLL: weight of the regression term."})
     troll_k: int = field(default=64, metadata={"help": "TROLL: at most K tokens per sparse support."})
     troll_delta: float = field(default=1e-5, metadata={"help": "TROLL: kept mass >= 1 - delta."})
+    troll_logits_chunk: int = field(
+        default=0,
+        metadata={"help": "TROLL: output layer in chunks of this many rows, no [b, T, V] logits (0: full logits)."},
+    )
     troll_support: str = field(
         default="rest",
         metadata={"help": "TROLL's sparse model: rest (old support + one exact rest atom) or paper (1e-12 tail)."},
@@ -121,6 +126,8 @@ class TROLLConfig(GRPOConfig):
         wrong = [f"{name} ({why}; got {getattr(self, name)!r})" for name, (hit, why) in bad.items() if hit]
         if wrong:
             raise ValueError("TROLLConfig does not support: " + "; ".join(wrong))
+        if self.troll_logits_chunk < 0:
+            raise ValueError(f"troll_logits_chunk must be >= 0, got {self.troll_logits_chunk}")
         if self.troll_support not in SUPPORTS:
             raise ValueError(f"troll_support must be one of {SUPPORTS}, got {self.troll_support!r}")
         if not (self.troll_eps > 0 and self.troll_alpha >= 0 and self.troll_k >= 1 and 0 <= self.troll_delta < 1):
@@ -150,9 +157,18 @@ class TROLLGRPOTrainer(GRPOTrainer):
         parts = []
         with torch.no_grad(), self.accelerator.autocast():
             for s in range(0, ids.shape[0], chunk):
-                logits = packed_logits(self.model, ids[s : s + chunk], attn[s : s + chunk], T, self.temperature)
+                logits = packed_logits(
+                    self.model,
+                    ids[s : s + chunk],
+                    attn[s : s + chunk],
+                    T,
+                    self.temperature,
+                    None,
+                    self.args.troll_logits_chunk,
+                )
                 tokens = batch["completion_ids"][s : s + chunk]
-                q = sparsify(logits.flatten(0, 1), tokens.flatten(), k=self.args.troll_k, delta=self.args.troll_delta)
+                flat = logits.reshape(-1, logits.shape[-1])
+                q = sparsify(flat, tokens.flatten(), k=self.args.troll_k, delta=self.args.troll_delta)
                 parts.append(q)
         q = cat_rows(parts)  # micro-batches may keep supports of different widths
         for name in TENSOR_FIELDS:
@@ -169,7 +185,7 @@ class TROLLGRPOTrainer(GRPOTrainer):
             raise ValueError("TROLLGRPOTrainer does not add MoE router aux losses; set output_router_logits=False")
         ids, attn, T = _packed(inputs)
         with self.accelerator.autocast():
-            logits = packed_logits(model, ids, attn, T, self.temperature)
+            logits = packed_logits(model, ids, attn, T, self.temperature, None, self.args.troll_logits_chunk)
         tokens = inputs["completion_ids"]
         mask = inputs["completion_mask"].bool()
         if "tool_mask" in inputs:
