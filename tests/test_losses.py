@@ -67,10 +67,12 @@ def test_clip_higher():
 # --- CISPO ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("p_y,cap", [(0.6, 1.2), (0.8, 1.28)])
-def test_cispo_value_and_gradient(p_y, cap):
-    """L = -A * sg(min(r, 1.28)) * log p(y); dL/dz = -A * min(r, 1.28) * (onehot(y) - p)."""
-    loss, g, _ = grad_of(cispo, *binary(p_y, 0.5, 2.0))
+@pytest.mark.parametrize("p_y,eps_high,cap", [(0.55, None, 1.1), (0.8, None, 1.2), (0.6, 0.28, 1.2), (0.8, 0.28, 1.28)])
+def test_cispo_value_and_gradient(p_y, eps_high, cap):
+    """L = -A * sg(min(r, 1 + eps_high)) * log p(y); dL/dz = -A * min(r, 1 + eps_high) * (onehot(y) - p); r = 2 p_y;
+    eps_high defaults to 0.2 (as ppo_clip's and the trainer's --clip_high)."""
+    kw = {} if eps_high is None else {"eps_high": eps_high}
+    loss, g, _ = grad_of(cispo, *binary(p_y, 0.5, 2.0), **kw)
     assert loss == pytest.approx(-2.0 * cap * math.log(p_y), abs=1e-9)
     torch.testing.assert_close(g, -2.0 * cap * torch.tensor([1 - p_y, -(1 - p_y)], dtype=torch.float64))
 

@@ -31,7 +31,7 @@ own support under "paper"; under "rest" p is gathered at q's support and needs n
               topk_tv / topk_kl on the atoms of the support (rest model: q's kept set plus one "rest"
               bucket, DPPO's definition) (thr 0.15 / 0.05)
     cispo     L = agg(-A * sg(min(r, 1 + eps_high)) * log p(y))   (no mask: the no-trust-region control;
-              eps_high 0.28 by default, the Clip-Higher bound CISPO is usually run with)
+              eps_high 0.2 by default, as ppo_clip and the trainer's --clip_high; 0.28 is Clip-Higher's)
 
 `level="sequence"` (troll and ppo_clip) is GSPO: per-token log-ratios are averaged over each response,
 s_i = exp(mean_t log r_t), and used in GSPO's straight-through token form s_it = sg(s_i) * r_t / sg(r_t)
@@ -260,7 +260,7 @@ def cispo(
     adv: Tensor,
     old: SparseDist,
     *,
-    eps_high: float = 0.28,
+    eps_high: float = 0.2,
     support: str = "rest",
     k: int = 64,
     delta: float = 1e-5,
