@@ -21,6 +21,12 @@ Choices, stated once:
   backward (tiny-cpu, measured: 0.08 s of a 0.6 s step, the update 0.4 s). Taking the first minibatch's anchor
   from its own forward would save part of it, but only without dropout and at the price of a sample map threaded
   through the update: not worth it.
+- Sparse model (`--support`): `rest` (default) puts p and q on q's kept tokens plus one exact rest atom; `paper`
+  is the paper's top-K with a 1e-12 tail (troll.sparse). Every loss and every logged KL use the chosen one.
+- Output layer (`--logits_chunk`): 0 gives the losses full logits [b, T, V] (small vocabularies; the reference);
+  N > 0 gives them the last hidden states and the output layer (troll.head.LMHead), applied N rows at a time in
+  the old-policy pass and the loss and recomputed in backward, so a micro-batch never holds [b, T, V] (151,936
+  columns for Qwen: 10 GB of float32 logits at 16k tokens).
 - Everything random in step s is seeded from (seed, s): the prompts drawn, the sampler, the minibatch split.
   So a resumed run repeats exactly what the uninterrupted run would have done (tests check the next step).
 - A step whose gradient norm is not finite is skipped (no optimiser step) and counted (`skipped_steps`).
