@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from troll.project import project_dense, project_sparse
 from troll.sparse import (
     TAIL_PROB,
     build_support,
@@ -258,6 +259,14 @@ def test_the_paper_model_overstates_a_peaked_row_and_the_rest_model_does_not():
     assert float(support_kl(build_support(p, y, old, "paper"))) == pytest.approx(0.0606, abs=1e-4)
     coarse = float(support_kl(build_support(p, y, old, "rest")))
     assert coarse <= true and coarse == pytest.approx(0.0162, abs=1e-4)
+    torch.testing.assert_close(project_dense(p, q, 0.05), p)  # the dense projection leaves p alone
+    rest = project_sparse(build_support(p, y, old, "rest"), 0.05)
+    assert not rest.dual.active.any()
+    paper = project_sparse(build_support(p, y, old, "paper"), 0.05)
+    assert paper.dual.active.all()
+    s = paper.support  # the paper's model moves p to about [0.9975, 0.00166, 0.00084]
+    moved = dict(zip(s.idx[0].tolist(), paper.logp[0, :-1].exp().tolist(), strict=True))
+    assert moved[0] == pytest.approx(0.9975, abs=1e-4) and moved[1] == pytest.approx(0.00166, abs=2e-5)
 
 
 def test_sparsification_error_within_theorem_bound():
