@@ -99,12 +99,13 @@ def plot_study(rows: Sequence[dict], out: str | Path) -> list[Path]:
 
     accuracy_vs_off_policy.png   held-out accuracy after RL against off-policyness (minibatches x epochs, log
                                  axis), one panel per lr, one colour per loss; a point is the mean over seeds,
-                                 its bar the min-max; solid lines join 1-epoch settings, dashed ones more epochs;
-                                 the dotted line is the mean accuracy before RL (the warm-start); a black star is
-                                 a variant-less on-policy run (1x1, which stands for every loss).
+                                 its bar the min-max; circles and solid lines: 1 epoch, squares and dashed lines:
+                                 more epochs (drawn a little to the right, so 4x1 and 1x4 do not overlap); the
+                                 dotted line is the mean accuracy before RL (the warm-start); the black star is the
+                                 on-policy run (1x1, one variant standing for every loss).
     kl_update.png                the network's own exact KL(p_new || p_old) per update, its per-step mean (top)
-                                 and max (bottom): one box per loss and setting over all its seeds' steps, one
-                                 panel per lr, log scale.
+                                 and max (bottom): one box per loss and setting over all its seeds' steps (black:
+                                 the on-policy 1x1 run), one panel per lr, log scale, whiskers 1.5 IQR.
     """
     from matplotlib.figure import Figure
 
@@ -124,7 +125,8 @@ def plot_study(rows: Sequence[dict], out: str | Path) -> list[Path]:
         for (_, epochs, variant), runs in _by(
             [r for r in off_policy if r["lr"] == lr], "lr", "epochs", "variant"
         ).items():
-            shift = 2 ** (0.05 * (variants.index(variant) - len(variants) / 2))  # side by side, not on top
+            # side by side, not on top: losses spread a little, settings with more epochs a little further right
+            shift = 2 ** (0.04 * (variants.index(variant) - len(variants) / 2) + (0.25 if epochs > 1 else 0.0))
             pts = []
             for (x,), group in _by(runs, "off_policy").items():
                 accs = [r["eval_after"] for r in group]
@@ -138,7 +140,7 @@ def plot_study(rows: Sequence[dict], out: str | Path) -> list[Path]:
                 yerr=yerr,
                 color=colours[variant],
                 ls="-" if epochs == 1 else "--",
-                marker="o",
+                marker="o" if epochs == 1 else "s",
                 ms=4,
                 capsize=2,
                 label=label,
@@ -159,6 +161,8 @@ def plot_study(rows: Sequence[dict], out: str | Path) -> list[Path]:
         ax.set_xscale("log", base=2)
         ax.set(xlabel="off-policyness: minibatches x epochs", title=f"lr {lr:g}")
     axes[0].set_ylabel("held-out accuracy after RL")
+    axes[0].plot([], [], "o-", color="grey", label="1 epoch")
+    axes[0].plot([], [], "s--", color="grey", label="more epochs")
     axes[0].legend(fontsize=7)
     fig.tight_layout()
     written = [out / "accuracy_vs_off_policy.png"]
@@ -183,7 +187,7 @@ def plot_study(rows: Sequence[dict], out: str | Path) -> list[Path]:
                         patch_artist=True,
                         showfliers=False,
                     )
-                    box["boxes"][0].set(facecolor=colours[variant], alpha=0.6)
+                    box["boxes"][0].set(facecolor=colours[variant] if setting != (1, 1) else "k", alpha=0.6)
             ax.set_yscale("log")
             ax.set_xticks(range(len(settings)), [f"{m}x{e}" for m, e in settings])
             ax.set(title=f"lr {lr:g}", xlabel="minibatches x epochs")

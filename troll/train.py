@@ -40,7 +40,7 @@ Choices, stated once:
   kl_update_mean / kl_update_max. The losses' kl_before_* see the sparse model and only during the update; this
   is the dense truth of where the step left the network. p_old's full log-probs [B*T, V] are kept from the
   old-policy pass (recompute; behaviour: one extra no-grad pass). Cost: one forward, as the old-policy pass
-  (tiny-cpu: about 0.05 s of a 0.3 s step), and B*T*V floats on CPU (1.3 MB on tiny-cpu). GSM8K's 152k-token
+  (tiny-cpu: about 0.04 s of a 0.35 s step), and B*T*V floats on CPU (1.3 MB on tiny-cpu). GSM8K's 152k-token
   vocabulary is over the limit, so those runs never pay for it.
 - A step whose gradient norm is not finite is skipped (no optimiser step) and counted (`skipped_steps`).
 - Evaluation is greedy pass@1 on held-out problems through the generator's own `greedy` (transformers, or the
