@@ -408,3 +408,22 @@ def test_metrics_go_to_tensorboard_too(tmp_path, varied_reward):
     assert [e.step for e in events.Scalars("eval_acc")] == [0, 2]
     assert [e.value for e in events.Scalars("reward")] == pytest.approx([m["reward"] for m in rows(tmp_path / "run")])
     assert "kl_update_max" in events.Tags()["scalars"]
+
+
+def test_micro_batch_tokens_auto(tmp_path, monkeypatch):
+    """`--micro_batch_tokens auto` (0): troll.memory's largest micro-batch on a GPU, written to config.json; on
+    CPU the default 4096."""
+    import troll.train as train_mod
+    from troll import memory
+
+    cfg = Config.from_args(["--preset", "gsm8k-qwen2.5-0.5b", "--micro_batch_tokens", "auto"])
+    assert cfg.micro_batch_tokens == 0
+    gpu = type("Props", (), {"total_memory": 24 * memory.GIB})()
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: gpu)
+    want = memory.micro_batch_tokens("Qwen/Qwen2.5-0.5B-Instruct", 24, 0.3, grad_checkpointing=True, chunked=True)
+    assert train_mod.auto_micro_batch(cfg, torch.device("cuda")) == want == 16384
+    unchunked = dataclasses.replace(cfg, logits_chunk=0)
+    assert train_mod.auto_micro_batch(unchunked, torch.device("cuda")) < want
+    assert train_mod.auto_micro_batch(cfg, torch.device("cpu")) == 4096
+    train(tiny(tmp_path, micro_batch_tokens=0, steps=1))
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["micro_batch_tokens"] == 4096

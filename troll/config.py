@@ -27,9 +27,12 @@ Presets:
     tiny-cpu            (the defaults) 2-digit addition, a 0.59M-parameter Llama built locally, 250 supervised
                         warm-start steps (held-out greedy accuracy ~0.27), then 100 RL steps on two CPU cores in
                         about a minute.
-    gsm8k-qwen2.5-0.5b  GSM8K on one 24-80 GB GPU: the paper's defaults (docs/algorithm.md, "Paper defaults")
+    gsm8k-qwen2.5-0.5b  GSM8K on one 24-80 GB GPU: the paper's defaults (docs/algorithm.md, section 8)
     gsm8k-qwen3-0.6b    scaled down: lr 1e-6 constant, grad-clip 1, 8 samples per prompt, 64 prompts per step
-                        split into 4 optimiser steps, eps 0.05, alpha 1, K 64, delta 1e-5, vLLM rollouts, bf16.
+                        split into 4 optimiser steps, eps 0.05, alpha 1, K 64, delta 1e-5, vLLM rollouts, bf16;
+                        the chunked output layer (1,024 rows) and gradient checkpointing, micro-batches of 16,384
+                        (0.5B) / 8,192 (0.6B) tokens: what troll.memory's model fits on a 24 GB GPU beside vLLM's
+                        30% (README, "What fits where"); `--micro_batch_tokens auto` sizes it for the GPU at hand.
 """
 
 from __future__ import annotations
@@ -97,7 +100,7 @@ class Config:
     steps: int = 100  # RL steps
     minibatches: int = 2  # optimiser steps per pass over the step's samples (split into this many parts)
     epochs: int = 1  # passes over each RL step's samples (PPO's update epochs, TRL's num_iterations), reshuffled
-    micro_batch_tokens: int = 4096  # gradient accumulation: at most this many padded tokens per forward
+    micro_batch_tokens: int = 4096  # padded tokens per forward (gradient accumulation); auto: the most the GPU fits
     logits_chunk: int = 0  # output layer in chunks of this many rows, no [tokens, V] logits (0: full logits)
     lr: float = 1e-4  # AdamW learning rate
     lr_schedule: str = "constant"  # learning-rate schedule (cosine decays to 0 over all optimiser steps)
@@ -168,7 +171,7 @@ class Config:
             default = str(f.default).lower() if isinstance(f.default, bool) else f.default
             parser.add_argument(
                 f"--{f.name}",
-                type=_parser_for(types_[f.name]),
+                type=_tokens if f.name == "micro_batch_tokens" else _parser_for(types_[f.name]),
                 choices=CHOICES.get(f.name),
                 metavar="{true,false}" if types_[f.name] is bool else None,
                 default=argparse.SUPPRESS,  # a flag not given is absent, so the preset's value stays
@@ -226,7 +229,7 @@ def check(cfg: Config) -> list[str]:
         "steps": 1,
         "minibatches": 1,
         "epochs": 1,
-        "micro_batch_tokens": 1,
+        "micro_batch_tokens": 0,
         "logits_chunk": 0,
         "warmup_steps": 0,
         "sft_steps": 0,
@@ -259,6 +262,11 @@ def _bool(s: str) -> bool:
     if s.lower() not in ("1", "0", "true", "false", "yes", "no"):
         raise argparse.ArgumentTypeError(f"expected true/false, got {s!r}")
     return s.lower() in ("1", "true", "yes")
+
+
+def _tokens(s: str) -> int:
+    """micro_batch_tokens: a count, or "auto" (stored as 0, resolved by the trainer from troll.memory)."""
+    return 0 if s.lower() == "auto" else int(s)
 
 
 def _parser_for(tp: typing.Any) -> typing.Callable[[str], typing.Any]:
@@ -315,5 +323,6 @@ _GSM8K_GPU = dict(
 PRESETS: dict[str, dict] = {
     "tiny-cpu": {},  # Config's defaults
     "gsm8k-qwen2.5-0.5b": dict(_GSM8K_GPU, model="Qwen/Qwen2.5-0.5B-Instruct", out="runs/gsm8k-qwen2.5-0.5b"),
-    "gsm8k-qwen3-0.6b": dict(_GSM8K_GPU, model="Qwen/Qwen3-0.6B", out="runs/gsm8k-qwen3-0.6b"),
+    # 8,192 tokens: troll.memory puts 16,384 at 0.5 GiB under a 24 GB GPU's budget (README, "What fits where")
+    "gsm8k-qwen3-0.6b": dict(_GSM8K_GPU, model="Qwen/Qwen3-0.6B", micro_batch_tokens=8192, out="runs/gsm8k-qwen3-0.6b"),
 }

@@ -117,13 +117,16 @@ def _masked_stats(x: Tensor, mask: Tensor, prefix: str) -> dict[str, float]:
     return {f"{prefix}_mean": float(v.mean()), f"{prefix}_min": float(v.min()), f"{prefix}_max": float(v.max())}
 
 
+def _entropy(s: Support, mask: Tensor) -> dict[str, float]:
+    return {"entropy": float(aggregate(s.entropy.view(mask.shape), mask))}
+
+
 def _shared_metrics(s: Support, mask: Tensor) -> dict[str, float]:
-    """Entropy of p and KL(p || q) over the atoms, for every loss (baselines: kl_after = kl_before)."""
+    """Entropy of p and KL(p || q) over the atoms, for the baselines (kl_after = kl_before: nothing projected)."""
     with torch.no_grad():
         kl = _masked_stats(support_kl(s).view(mask.shape), mask, "kl_before")
-        out = {"entropy": float(aggregate(s.entropy.view(mask.shape), mask))}
-    out |= {"kl_before_mean": kl["kl_before_mean"], "kl_before_max": kl["kl_before_max"]}
-    return out | {"kl_after_mean": kl["kl_before_mean"], "kl_after_max": kl["kl_before_max"]}
+    out = {"kl_before_mean": kl["kl_before_mean"], "kl_before_max": kl["kl_before_max"]}
+    return _entropy(s, mask) | out | {"kl_after_mean": kl["kl_before_mean"], "kl_after_max": kl["kl_before_max"]}
 
 
 def _sequence_ratio(log_r: Tensor, mask: Tensor) -> Tensor:
@@ -160,7 +163,7 @@ def troll_loss(
     policy = aggregate(-adv[:, None] * ratio, mask, agg, norm_len)
     regression = aggregate(atom_kl(s.lp, proj.logp.detach(), s.mask).view(mask.shape), mask, agg, norm_len)
     stats = proj.stats(mask.reshape(-1))
-    metrics = _shared_metrics(s, mask) | {key: val for key, val in stats.items() if key.startswith("kl_")}
+    metrics = _entropy(s, mask) | {key: val for key, val in stats.items() if key.startswith("kl_")}
     metrics |= {"policy": float(policy.detach()), "regression": float(regression.detach())}
     metrics |= {"frac_active": stats["frac_projected"]}
     metrics |= {f"dual_{key}": val for key, val in stats.items() if not key.startswith(("kl_", "frac_projected"))}

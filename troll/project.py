@@ -117,27 +117,32 @@ class Projection:
         act = d.active & v
         n_act = max(int(act.sum()), 1)
 
-        def mean(x: Tensor, m: Tensor, k: int) -> float:
-            return float(torch.where(m, x.double(), 0.0).sum() / k)
+        def mean(x: Tensor, m: Tensor, k: int) -> Tensor:
+            return torch.where(m, x.double(), 0.0).sum() / k
 
-        def vmax(x: Tensor, m: Tensor) -> float:
-            return float(torch.where(m, x.double(), -math.inf).max()) if bool(m.any()) else 0.0
+        def vmax(x: Tensor, m: Tensor) -> Tensor:
+            return (
+                torch.where(m, x.double(), -math.inf).max().clamp_min(0.0)
+                if m.numel()
+                else x.new_zeros((), dtype=torch.float64)
+            )
 
-        return {
+        stats = {
             "kl_before_mean": mean(d.kl_before, v, n),
             "kl_before_max": vmax(d.kl_before, v),
             "kl_after_mean": mean(d.kl_after, v, n),
             "kl_after_max": vmax(d.kl_after, v),
-            "frac_projected": float(act.sum()) / n,
+            "frac_projected": act.sum().double() / n,
             "eta_mean": mean(d.eta, act, n_act),
             "eta_max": vmax(d.eta, act),
             "t_mean": mean(d.t, act, n_act),
             "iters_mean": mean(d.iters.double(), act, n_act),
             "iters_max": vmax(d.iters.double(), act),
-            "frac_unconverged": float((~d.converged & v).sum()) / n,
+            "frac_unconverged": (~d.converged & v).sum().double() / n,
             "residual_max": vmax((d.kl_after - self.eps).abs(), act),
             "support_size_mean": mean(self.support.mask[:, :-1].sum(-1).double(), v, n),
         }
+        return dict(zip(stats, torch.stack(list(stats.values())).tolist(), strict=True))  # one copy to Python
 
 
 def atoms(s: Support) -> tuple[Tensor, Tensor]:

@@ -67,13 +67,13 @@ if __name__ == "__main__":  # parse first, then import torch (module docstring)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     CLI_CONFIG = Config.from_args()
 
-import dataclasses
+
 import json
 import math
 import resource
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +81,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from troll import addition, gsm8k
+from troll import addition, gsm8k, memory
 from troll.advantages import advantages
 from troll.checkpoint import append_jsonl, latest_checkpoint, save_checkpoint, truncate_jsonl
 from troll.evaluate import decode, encode, score
@@ -404,6 +404,16 @@ def rl_step(
 # ----------------------------------------------------------------------------- the loop
 
 
+def auto_micro_batch(cfg: Config, device: torch.device) -> int:
+    """`--micro_batch_tokens auto`: the largest micro-batch troll.memory's fitted model says this GPU holds (beside
+    vLLM's share, with the chunked output layer if `logits_chunk`); on CPU the default, 4096."""
+    if device.type != "cuda":
+        return 4096
+    gib = torch.cuda.get_device_properties(device).total_memory / memory.GIB
+    vllm = cfg.vllm_gpu_memory if cfg.backend == "vllm" else 0.0
+    return memory.micro_batch_tokens(cfg.model, gib, vllm, cfg.grad_checkpointing, chunked=cfg.logits_chunk > 0)
+
+
 def train(cfg: Config) -> dict:
     """Run (or resume) the RL loop of `cfg`; returns the summary written to <out>/summary.json."""
     t_start, out = time.time(), Path(cfg.out)
@@ -427,12 +437,15 @@ def train(cfg: Config) -> dict:
         torch.manual_seed(cfg.seed)
         model, tokenizer = build_model(cfg, device)
         state = None
+    if cfg.micro_batch_tokens == 0:
+        cfg = replace(cfg, micro_batch_tokens=auto_micro_batch(cfg, device))
+        print(f"micro_batch_tokens auto: {cfg.micro_batch_tokens}")
     cfg.save(out / "config.json")
     task, dropped = load_task(cfg, tokenizer)
     opt, sched = make_optimizer(cfg, model)
     generator = make_generator(cfg, model, tokenizer, out)
     metrics_path, samples_path = out / "metrics.jsonl", out / "samples.jsonl"
-    logger = Logger(cfg.log_to, out, dataclasses.asdict(cfg))
+    logger = Logger(cfg.log_to, out, asdict(cfg))
     if state is None:
         metrics_path.write_text("")
         samples_path.write_text("")
