@@ -67,7 +67,6 @@ if __name__ == "__main__":  # parse first, then import torch (module docstring)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     CLI_CONFIG = Config.from_args()
 
-
 import json
 import math
 import resource
