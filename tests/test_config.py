@@ -48,6 +48,9 @@ BAD_FLAGS = [
     (["--steps", "0"], "steps must be >= 1"),
     (["--minibatches", "0"], "minibatches must be >= 1"),
     (["--minibatches", "257"], "minibatches=257 is more than the 256 samples"),
+    (["--epochs", "0"], "epochs must be >= 1"),
+    (["--kl_update_vocab", "-1"], "kl_update_vocab must be >= 0"),
+    (["--log_to", "mlflow"], "--log_to: invalid choice"),
     (["--temperature", "0"], "temperature must be > 0"),
     (["--prompts_per_step", "0"], "prompts_per_step must be >= 1"),
     (["--samples_per_prompt", "0"], "samples_per_prompt must be >= 1"),
@@ -128,6 +131,8 @@ def test_help_documents_every_flag_without_importing_torch():
     assert "TROLL: KL bound per token (> 0); default: 0.05" in out
     assert "--bf16 {true,false}" in out and "bf16 autocast (GPU); default: false" in out
     assert "--support {rest,paper}" in out and "one exact rest atom" in out
+    assert "passes over each RL step's samples (PPO's update epochs, TRL's num_iterations)" in out
+    assert "--log_to {none,tensorboard,wandb}" in out
 
 
 def test_choices_are_what_the_library_accepts():
@@ -184,3 +189,21 @@ def test_field_types_come_from_the_annotations(capsys):
     assert "invalid int or none value: 'x'" in capsys.readouterr().err
     help_text = " ".join(Extended.parser().format_help().split())
     assert "--limit LIMIT an optional limit; default: None" in help_text
+
+
+def test_log_to_a_package_that_is_not_installed_fails_before_any_work(tmp_path, monkeypatch, capsys):
+    """`--log_to wandb` without wandb: an argparse error naming the install command; a Config built in code
+    fails when train() starts, before any directory is written."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    with pytest.raises(SystemExit) as exit_info:
+        Config.from_args(["--log_to", "wandb", "--out", str(tmp_path / "run")])
+    assert exit_info.value.code == 2 and "pip install wandb" in capsys.readouterr().err
+
+    from troll.train import train
+
+    with pytest.raises(ImportError, match="needs the wandb package, which is not installed: pip install wandb"):
+        train(Config(log_to="wandb", out=str(tmp_path / "run")))
+    assert not (tmp_path / "run").exists()

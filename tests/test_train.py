@@ -110,10 +110,11 @@ def test_vllm_backend_two_steps(tmp_path, monkeypatch, varied_reward):
     assert all(0.0 <= acc <= 1.0 for _, acc in evals(tmp_path / "run"))
 
 
-def test_resume_equals_uninterrupted(tmp_path, varied_reward):
-    straight = tiny(tmp_path / "a", steps=3, save_every=1)
+@pytest.mark.parametrize("epochs", [1, 2])
+def test_resume_equals_uninterrupted(tmp_path, varied_reward, epochs):
+    straight = tiny(tmp_path / "a", steps=3, save_every=1, epochs=epochs)
     train(straight)
-    first = tiny(tmp_path / "b", steps=2, save_every=1)
+    first = tiny(tmp_path / "b", steps=2, save_every=1, epochs=epochs)
     train(first)
     train(dataclasses.replace(first, steps=3, resume=True))
     a, b = rows(tmp_path / "a" / "run"), rows(tmp_path / "b" / "run")
@@ -278,7 +279,7 @@ def test_chunked_output_layer_gives_the_same_anchor_loss_and_gradient(tmp_path, 
     rows_ = torch.tensor([4, 0, 7, 2, 8])
     adv = torch.linspace(-1, 1, len(rows_))
     olds = {
-        chunk: train_mod.old_policy(dataclasses.replace(cfg, logits_chunk=chunk), model, ro.select(rows_), len(tok))
+        chunk: train_mod.old_policy(dataclasses.replace(cfg, logits_chunk=chunk), model, ro.select(rows_), len(tok))[0]
         for chunk in (0, 5)
     }
     with torch.no_grad():  # a different current policy, so that the trust region binds on some tokens
@@ -310,6 +311,103 @@ def test_chunked_output_layer_runs_end_to_end(tmp_path, varied_reward):
     train(tiny(tmp_path, logits_chunk=5))
     m = rows(tmp_path / "run")
     assert len(m) == 2 and all(math.isfinite(r["policy"]) and r["grad_norm"] > 0 for r in m)
+
+
+def one_step_setup(cfg: Config):
+    """What train() builds before its loop, to call rl_step directly: model, tokenizer, task, generator, optimiser."""
+    import troll.train as train_mod
+    from troll.rollout import HFGenerator
+
+    torch.manual_seed(cfg.seed)
+    model, tok = build_model(cfg, torch.device("cpu"))
+    task, _ = train_mod.load_task(cfg, tok)
+    opt, sched = train_mod.make_optimizer(cfg, model)
+    return model, tok, task, HFGenerator(model, tok), opt, sched
+
+
+def test_epochs_take_every_pass_and_the_second_starts_off_policy(tmp_path, varied_reward):
+    """--epochs 2 --minibatches 2: 4 optimiser steps per RL step, each a loss call on one micro-batch. The old
+    policy is computed once, before the first pass: epoch 1's first minibatch sees p = q (ratio 1, KL 0), epoch 2's
+    first minibatch sees a network that has moved."""
+    import troll.train as train_mod
+
+    cfg = tiny(tmp_path, epochs=2, minibatches=2, micro_batch_tokens=100_000)
+    model, tok, task, gen, opt, sched = one_step_setup(cfg)
+    calls: list[dict] = []
+
+    def recording_loss(*args, **kw):
+        loss, m = LOSSES[cfg.loss](*args, **kw)
+        calls.append(m)
+        return loss, m
+
+    row = train_mod.rl_step(cfg, 0, model, tok, gen, opt, sched, task, loss_fn=recording_loss)
+    assert len(calls) == 4 and sched.last_epoch == 4 and row["skipped"] == 0  # 2 epochs x 2 minibatches
+    first, second_epoch = calls[0], calls[2]
+    assert first["ratio_min"] == pytest.approx(1.0, abs=1e-5) and first["ratio_max"] == pytest.approx(1.0, abs=1e-5)
+    assert first["kl_before_max"] < 1e-6
+    assert second_epoch["kl_before_max"] > 1e-4 and second_epoch["ratio_max"] > 1.0 + 1e-3
+    assert row["kl_before_max"] == max(m["kl_before_max"] for m in calls)  # the row merges every pass
+
+
+def test_epochs_multiply_optimiser_steps_and_the_lr_schedule(tmp_path, varied_reward):
+    """steps x epochs x minibatches optimiser steps in all (the scheduler counts them); cosine decays over all of
+    them: after RL step 1 of 2, half of them are done and the lr is lr x 0.5 x (1 + cos(pi / 2)) = lr / 2."""
+    cfg = tiny(tmp_path, steps=2, epochs=2, minibatches=2, lr_schedule="cosine")
+    train(cfg)
+    state = torch.load(latest_checkpoint(tmp_path / "run") / "trainer.pt", weights_only=False)
+    assert state["scheduler"]["last_epoch"] == 8
+    lrs = [m["lr"] for m in rows(tmp_path / "run")]
+    assert lrs[0] == pytest.approx(cfg.lr / 2) and lrs[1] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_update_kl_is_the_dense_kl_of_the_network(tmp_path, varied_reward):
+    """kl_update_mean/max: KL(p_new || p_old) over all V at the step's real completion tokens, against a direct
+    float64 computation from two copies of the network (before and after the step) on the same rollouts."""
+    import copy
+
+    import troll.train as train_mod
+    from troll.policy import completion_logits
+
+    cfg = tiny(tmp_path, epochs=2, minibatches=2)
+    model, tok, task, gen, opt, sched = one_step_setup(cfg)
+    seen = []
+    real_generate = gen.generate
+    gen.generate = lambda *a, **kw: seen.append(real_generate(*a, **kw)) or seen[-1]
+    before = copy.deepcopy(model)
+    row = train_mod.rl_step(cfg, 0, model, tok, gen, opt, sched, task)
+    (ro,) = seen
+    with torch.no_grad():
+        lp_new, lp_old = (
+            torch.log_softmax(
+                completion_logits(m, ro.prompt_ids, ro.completion_ids, ro.temperature, len(tok)).double(), -1
+            )
+            for m in (model, before)
+        )
+    kl = (lp_new.exp() * (lp_new - lp_old)).sum(-1)[ro.completion_mask]
+    assert float(kl.max()) > 1e-4  # the step moved the network
+    assert row["kl_update_mean"] == pytest.approx(float(kl.mean()), rel=1e-3, abs=1e-7)
+    assert row["kl_update_max"] == pytest.approx(float(kl.max()), rel=1e-3, abs=1e-7)
+    assert row["kl_update_max"] >= row["kl_update_mean"] > 0
+
+
+def test_update_kl_only_for_small_vocabularies(tmp_path, varied_reward):
+    """--kl_update_vocab below V (here 0): no extra pass, no kl_update keys."""
+    train(tiny(tmp_path, kl_update_vocab=0))
+    m = rows(tmp_path / "run")
+    assert all("kl_update_mean" not in r and r["time_kl_update"] < 1e-3 for r in m)
+
+
+def test_metrics_go_to_tensorboard_too(tmp_path, varied_reward):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    train(tiny(tmp_path, log_to="tensorboard"))
+    events = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("reward")] == [1, 2]
+    assert [e.step for e in events.Scalars("eval_acc")] == [0, 2]
+    assert [e.value for e in events.Scalars("reward")] == pytest.approx([m["reward"] for m in rows(tmp_path / "run")])
+    assert "kl_update_max" in events.Tags()["scalars"]
 
 
 def test_micro_batch_tokens_auto(tmp_path, monkeypatch):

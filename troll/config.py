@@ -16,8 +16,10 @@ Choices:
   choice field against CHOICES, every range, and the combinations that cannot run (`level=sequence` only with
   troll / ppo_clip; at most one minibatch per sample). A violation is a ValueError naming the field;
   `from_args` turns it into an argparse error (exit 2, no traceback), before any model is built or any
-  directory written. CHOICES equal the names the library accepts (tests compare them with troll.losses and
-  troll.advantages), kept here so that parsing imports no torch and `--help` answers at once.
+  directory written. `from_args` also checks that `--log_to`'s package is installed (troll.metrics: looked up,
+  not imported); a Config built in code is checked when train() starts. CHOICES equal the names the library
+  accepts (tests compare them with troll.losses and troll.advantages), kept here so that parsing imports no
+  torch and `--help` answers at once.
 - A flag's type is the field's annotation (`typing.get_type_hints`): int, float, str, bool (true/false/1/0/
   yes/no), and `X | None` (the word `none` gives None).
 
@@ -46,6 +48,8 @@ import typing
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from troll.metrics import logger_missing
+
 CHOICES: dict[str, tuple[str, ...]] = {
     "task": ("addition", "gsm8k"),
     "loss": ("troll", "ppo_clip", "dppo", "cispo"),  # = troll.losses.LOSSES
@@ -58,6 +62,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "backend": ("hf", "vllm"),
     "lr_schedule": ("constant", "cosine"),
     "device": ("auto", "cpu", "cuda"),
+    "log_to": ("none", "tensorboard", "wandb"),
 }
 SEQUENCE_LEVEL_LOSSES = ("troll", "ppo_clip")  # the losses with a GSPO (level="sequence") mode
 
@@ -93,7 +98,8 @@ class Config:
     vllm_gpu_memory: float = 0.3  # vLLM's GPU memory fraction, in (0, 1] (GPU only)
     # optimisation
     steps: int = 100  # RL steps
-    minibatches: int = 2  # optimiser steps per RL step (the step's samples are split into this many parts)
+    minibatches: int = 2  # optimiser steps per pass over the step's samples (split into this many parts)
+    epochs: int = 1  # passes over each RL step's samples (PPO's update epochs, TRL's num_iterations), reshuffled
     micro_batch_tokens: int = 4096  # padded tokens per forward (gradient accumulation); auto: the most the GPU fits
     logits_chunk: int = 0  # output layer in chunks of this many rows, no [tokens, V] logits (0: full logits)
     lr: float = 1e-4  # AdamW learning rate
@@ -112,6 +118,8 @@ class Config:
     eval_size: int = 1000  # held-out problems per evaluation (0 = the whole test split)
     save_every: int = 25  # RL steps between checkpoints
     samples_to_log: int = 4  # completions written to samples.jsonl per evaluation
+    kl_update_vocab: int = 4096  # exact KL(new || old) over the vocabulary after each step if V <= this (0: never)
+    log_to: str = "none"  # also send metrics to tensorboard (<out>/tensorboard) or wandb; metrics.jsonl stays
     seed: int = 0  # seeds the model, the prompts and the sampler
     out: str = "runs/tiny"  # run directory
     device: str = "cpu"  # auto = cuda when available, else cpu
@@ -135,9 +143,13 @@ class Config:
                 if not saved.is_file():
                     parser.error(f"--resume true: {saved} does not exist (nothing to resume)")
                 cfg = cls.load(saved)
-            return dataclasses.replace(cfg, **overrides)
+            cfg = dataclasses.replace(cfg, **overrides)
         except ValueError as e:
             parser.error(str(e))
+        missing = logger_missing(cfg.log_to)  # an optional package: looked up, not imported
+        if missing:
+            parser.error(missing)
+        return cfg
 
     @classmethod
     def parser(cls) -> argparse.ArgumentParser:
@@ -216,6 +228,7 @@ def check(cfg: Config) -> list[str]:
         "max_new_tokens": 1,
         "steps": 1,
         "minibatches": 1,
+        "epochs": 1,
         "micro_batch_tokens": 0,
         "logits_chunk": 0,
         "warmup_steps": 0,
@@ -225,6 +238,7 @@ def check(cfg: Config) -> list[str]:
         "eval_size": 0,
         "save_every": 1,
         "samples_to_log": 0,
+        "kl_update_vocab": 0,
         "seed": 0,
     }
     for name, low in at_least.items():
@@ -310,7 +324,5 @@ PRESETS: dict[str, dict] = {
     "tiny-cpu": {},  # Config's defaults
     "gsm8k-qwen2.5-0.5b": dict(_GSM8K_GPU, model="Qwen/Qwen2.5-0.5B-Instruct", out="runs/gsm8k-qwen2.5-0.5b"),
     # 8,192 tokens: troll.memory puts 16,384 at 0.5 GiB under a 24 GB GPU's budget (README, "What fits where")
-    "gsm8k-qwen3-0.6b": dict(
-        _GSM8K_GPU, model="Qwen/Qwen3-0.6B", micro_batch_tokens=8192, out="runs/gsm8k-qwen3-0.6b"
-    ),
+    "gsm8k-qwen3-0.6b": dict(_GSM8K_GPU, model="Qwen/Qwen3-0.6B", micro_batch_tokens=8192, out="runs/gsm8k-qwen3-0.6b"),
 }

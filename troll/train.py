@@ -4,9 +4,9 @@
     python -m troll.train --preset gsm8k-qwen2.5-0.5b --loss ppo_clip --out runs/qwen-clip      # one GPU
     python -m troll.train --out runs/tiny-troll --resume true                                   # continue
 
-One RL step:  rollout (n samples per prompt) -> reward -> advantages -> old policy -> `minibatches` optimiser
-steps over the batch (gradient accumulation in micro-batches of <= micro_batch_tokens padded tokens) ->
-weight push to the rollout engine -> log.
+One RL step:  rollout (n samples per prompt) -> reward -> advantages -> old policy -> `epochs` passes over the
+batch, each `minibatches` optimiser steps (gradient accumulation in micro-batches of <= micro_batch_tokens padded
+tokens) -> [exact KL of the update, small vocabularies] -> weight push to the rollout engine -> log.
 
 Choices, stated once:
 - The command line is parsed before torch is imported: `--help` answers at once, and a bad flag is an argparse
@@ -27,8 +27,21 @@ Choices, stated once:
   N > 0 gives them the last hidden states and the output layer (troll.head.LMHead), applied N rows at a time in
   the old-policy pass and the loss and recomputed in backward, so a micro-batch never holds [b, T, V] (151,936
   columns for Qwen: 10 GB of float32 logits at 16k tokens).
-- Everything random in step s is seeded from (seed, s): the prompts drawn, the sampler, the minibatch split.
+- Update epochs (`--epochs`, PPO's update epochs, TRL's num_iterations): each pass over the step's samples is a
+  fresh shuffle into `minibatches` optimiser steps; the old policy is computed once, before the first pass, so
+  every minibatch after the first is off-policy (the network has moved, the anchor has not). Off-policyness is
+  minibatches x epochs optimiser steps per batch; the lr schedule runs over steps x epochs x minibatches.
+- Everything random in step s is seeded from (seed, s): the prompts drawn, the sampler, and the shuffles of
+  epochs 1, 2, ... drawn in turn from that generator (epoch 1's split is the one a run without --epochs makes).
   So a resumed run repeats exactly what the uninterrupted run would have done (tests check the next step).
+- The network's own KL per update (`--kl_update_vocab`, default 4096): when the vocabulary has at most that many
+  tokens, after the step's updates one more no-grad forward over the step's samples gives the exact
+  KL(p_new || p_old) over all V at every real completion token (temperature-scaled, as sampled), logged as
+  kl_update_mean / kl_update_max. The losses' kl_before_* see the sparse model and only during the update; this
+  is the dense truth of where the step left the network. p_old's full log-probs [B*T, V] are kept from the
+  old-policy pass (recompute; behaviour: one extra no-grad pass). Cost: one forward, as the old-policy pass
+  (tiny-cpu: about 0.04 s of a 0.35 s step), and B*T*V floats on CPU (1.3 MB on tiny-cpu). GSM8K's 152k-token
+  vocabulary is over the limit, so those runs never pay for it.
 - A step whose gradient norm is not finite is skipped (no optimiser step) and counted (`skipped_steps`).
 - Evaluation is greedy pass@1 on held-out problems through the generator's own `greedy` (transformers, or the
   vLLM engine), the path troll.evaluate uses. The first one runs before RL, after the warm-start.
@@ -36,7 +49,9 @@ Choices, stated once:
   `{"step", "eval_acc"}`, the first at step 0; samples.jsonl (a few completions per evaluation);
   checkpoints/ (troll.checkpoint: atomic, the last two kept, trainer.pt holds optimiser, scheduler and the
   run's state); summary.json (eval_before, eval_after = the last evaluation, eval_best and its step,
-  wall-clock over all sessions).
+  wall-clock over all sessions); tensorboard/ with `--log_to tensorboard`.
+- `--log_to tensorboard|wandb` also sends every metrics row there (troll.metrics.Logger, imported only then; a
+  missing package is an error before any work, naming the install command). metrics.jsonl stays the record.
 - Resume continues from checkpoints/latest; metrics and samples rows past it are dropped (the resumed run
   writes them again). A finished run (latest checkpoint at --steps, summary.json written) is left untouched:
   resuming it says so and returns its summary; pass a larger --steps to go on.
@@ -57,20 +72,21 @@ import math
 import resource
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 from tqdm.auto import tqdm
 
 from troll import addition, gsm8k, memory
 from troll.advantages import advantages
 from troll.checkpoint import append_jsonl, latest_checkpoint, save_checkpoint, truncate_jsonl
 from troll.evaluate import decode, encode, score
-from troll.head import Logits
+from troll.head import LMHead, Logits
 from troll.losses import LOSSES
-from troll.metrics import merge
+from troll.metrics import Logger, logger_missing, merge
 from troll.policy import build_model, completion_logits
 from troll.rollout import Generator, HFGenerator, Rollouts
 from troll.sparse import SparseDist, cat_rows, sparsify, sparsify_topk
@@ -137,7 +153,7 @@ def make_generator(cfg: Config, model: Any, tokenizer: Any, out: Path) -> Genera
 def make_optimizer(cfg: Config, model: Any) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW and its schedule: linear warmup over warmup_steps, then constant or cosine to 0 (optimiser steps)."""
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    total = cfg.steps * cfg.minibatches
+    total = cfg.steps * cfg.epochs * cfg.minibatches
 
     def factor(i: int) -> float:
         warm = min(1.0, (i + 1) / max(cfg.warmup_steps, 1))
@@ -187,8 +203,38 @@ def micro_batches(ro: Rollouts, max_tokens: int, rows: torch.Tensor) -> list[tor
     return [rows[i : i + per] for i in range(0, len(rows), per)]
 
 
-def old_policy(cfg: Config, model: Any, ro: Rollouts, vocab: int) -> SparseDist:
-    """The trust region's anchor over all B*T completion positions of `ro`, on CPU (module docstring)."""
+def full_logp(x: Logits) -> Tensor:
+    """Log-probs over the whole vocabulary of 2-D logits or a 2-D head, [N, V] float32 on CPU (small V only)."""
+    return torch.log_softmax((x.logits() if isinstance(x, LMHead) else x).float(), -1).cpu()
+
+
+def model_logp(cfg: Config, model: Any, ro: Rollouts, vocab: int) -> Tensor:
+    """The model's full log-probs at all B*T completion positions of `ro`, [B*T, V], no gradient, on CPU."""
+    out = []
+    with torch.no_grad():
+        for rows in micro_batches(ro, cfg.micro_batch_tokens, torch.arange(len(ro))):
+            logits = policy_logits(cfg, model, ro, rows, vocab)
+            out.append(full_logp(logits.reshape(-1, logits.shape[-1])))
+    return torch.cat(out)
+
+
+def dense_kl(lp: Tensor, lq: Tensor) -> Tensor:
+    """KL(p || q) per row from full log-probs [N, V] -> [N]; ids that p gives 0 (masked padding) add nothing."""
+    return torch.where(lp > -math.inf, lp.exp() * (lp - lq), 0.0).sum(-1)
+
+
+def update_kl(cfg: Config, model: Any, ro: Rollouts, vocab: int, before: Tensor) -> dict[str, float]:
+    """Exact KL(p_new || p_old) over the vocabulary at every real completion token, p_old = `before` [B*T, V]
+    (module docstring): its mean and max."""
+    kl = dense_kl(model_logp(cfg, model, ro, vocab), before).view(ro.completion_mask.shape)[ro.completion_mask]
+    return {"kl_update_mean": float(kl.mean()), "kl_update_max": float(kl.max())}
+
+
+def old_policy(
+    cfg: Config, model: Any, ro: Rollouts, vocab: int, dense: bool = False
+) -> tuple[SparseDist, Tensor | None]:
+    """The trust region's anchor over all B*T completion positions of `ro`, on CPU (module docstring), and with
+    `dense` the model's own full log-probs there, [B*T, V] (recompute: from the same pass), else None."""
     tokens = ro.completion_ids.reshape(-1)
     if cfg.old_policy == "behaviour":
         top_idx, top_logp, tok_logp = ro.top_idx.clone(), ro.top_logp.clone(), ro.logprobs.clone()
@@ -196,16 +242,20 @@ def old_policy(cfg: Config, model: Any, ro: Rollouts, vocab: int) -> SparseDist:
         top_logp[pad] = -math.inf
         top_logp[..., 0][pad], top_idx[..., 0][pad], tok_logp[pad] = 0.0, ro.completion_ids[pad], 0.0
         k = top_idx.shape[-1]
-        return sparsify_topk(
+        anchor = sparsify_topk(
             top_logp.view(-1, k), top_idx.view(-1, k), tok_logp.view(-1), tokens, vocab, delta=cfg.delta
         )
-    dists = []
+        return anchor, model_logp(cfg, model, ro, vocab) if dense else None
+    dists, full = [], []
     with torch.no_grad():
         for rows in micro_batches(ro, cfg.micro_batch_tokens, torch.arange(len(ro))):
             logits = policy_logits(cfg, model, ro, rows, vocab)
+            logits = logits.reshape(-1, logits.shape[-1])
             ids = ro.completion_ids[rows].reshape(-1).to(logits.device)
-            dists.append(sparsify(logits.reshape(-1, logits.shape[-1]), ids, k=cfg.k, delta=cfg.delta).to("cpu"))
-    return cat_rows(dists)
+            dists.append(sparsify(logits, ids, k=cfg.k, delta=cfg.delta).to("cpu"))
+            if dense:
+                full.append(full_logp(logits))
+    return cat_rows(dists), torch.cat(full) if dense else None
 
 
 def loss_kwargs(cfg: Config) -> dict:
@@ -230,7 +280,8 @@ def update(
     minibatches: Sequence[torch.Tensor],
     loss_fn: LossFn,
 ) -> tuple[dict[str, float], int]:
-    """One optimiser step per minibatch (sample indices); `old` holds every sample's B*T rows, in sample order.
+    """One optimiser step per minibatch (sample indices; all epochs' minibatches in turn); `old` holds every
+    sample's B*T rows, in sample order.
 
     Returns the merged loss metrics (troll.metrics: micro-batches weighted by their share of the minibatch) and
     the number of skipped optimiser steps.
@@ -314,11 +365,17 @@ def rl_step(
     rewards = torch.tensor([task.reward(t, g) for t, g in zip(texts, golds, strict=True)], dtype=torch.float32)
     adv = advantages(cfg.advantage, rewards, ro.group)
     t2 = time.time()
-    old = old_policy(cfg, model, ro, len(tokenizer))
+    dense = len(tokenizer) <= cfg.kl_update_vocab
+    old, before = old_policy(cfg, model, ro, len(tokenizer), dense=dense)
     t3 = time.time()
-    minibatches = torch.randperm(len(ro), generator=gen).chunk(cfg.minibatches)
+    minibatches = [
+        mb for _ in range(cfg.epochs) for mb in torch.randperm(len(ro), generator=gen).chunk(cfg.minibatches)
+    ]
     metrics, skipped = update(cfg, model, opt, sched, ro, adv, old, minibatches, loss_fn or LOSSES[cfg.loss])
     t4 = time.time()
+    if before is not None:
+        metrics |= update_kl(cfg, model, ro, len(tokenizer), before)
+    t_kl = time.time()
     generator.push_weights(model)
     t5 = time.time()
     lengths = lengths.float()
@@ -336,7 +393,8 @@ def rl_step(
         "time_score": t2 - t1,
         "time_old_policy": t3 - t2,
         "time_update": t4 - t3,
-        "time_sync": t5 - t4,
+        "time_kl_update": t_kl - t4,
+        "time_sync": t5 - t_kl,
         "tokens_per_s": float(lengths.sum()) / (t5 - t0),
         "peak_memory_mb": peak_memory_mb(next(model.parameters()).device),
     }
@@ -358,6 +416,8 @@ def auto_micro_batch(cfg: Config, device: torch.device) -> int:
 def train(cfg: Config) -> dict:
     """Run (or resume) the RL loop of `cfg`; returns the summary written to <out>/summary.json."""
     t_start, out = time.time(), Path(cfg.out)
+    if logger_missing(cfg.log_to):  # before any work, as the command line does
+        raise ImportError(logger_missing(cfg.log_to))
     auto = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(auto if cfg.device == "auto" else cfg.device)
     if cfg.resume:
@@ -384,6 +444,7 @@ def train(cfg: Config) -> dict:
     opt, sched = make_optimizer(cfg, model)
     generator = make_generator(cfg, model, tokenizer, out)
     metrics_path, samples_path = out / "metrics.jsonl", out / "samples.jsonl"
+    logger = Logger(cfg.log_to, out, asdict(cfg))
     if state is None:
         metrics_path.write_text("")
         samples_path.write_text("")
@@ -393,6 +454,7 @@ def train(cfg: Config) -> dict:
             print(f"supervised warm-start: {cfg.sft_steps} steps, final loss {sft_loss:.3f}")
         acc, records = evaluate(cfg, generator, tokenizer, task)
         append_jsonl(metrics_path, [{"step": 0, "eval_acc": acc}])
+        logger.log({"step": 0, "eval_acc": acc})
         append_jsonl(samples_path, [{"step": 0, **r} for r in records[: cfg.samples_to_log]])
         state = {"step": 0, "eval_before": acc, "eval_after": acc, "eval_best": acc, "eval_best_step": 0}
         state |= {"skipped_steps": 0, "dropped_prompts": dropped["train"], "dropped_test_prompts": dropped["test"]}
@@ -417,11 +479,14 @@ def train(cfg: Config) -> dict:
             if acc > state["eval_best"]:
                 state["eval_best"], state["eval_best_step"] = acc, step + 1
         append_jsonl(metrics_path, rows)
+        for r in rows:
+            logger.log(r)
         bar.set_postfix(
             reward=f"{row['reward']:.2f}", acc=f"{state['eval_after']:.2f}", kl=f"{row['kl_after_max']:.3f}"
         )
         if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
             save_checkpoint(out, model, tokenizer, opt, sched, state | {"wall_clock_s": time.time() - t_start})
+    logger.close()
     summary = {k: v for k, v in state.items() if k != "step"}
     summary |= {"wall_clock_s": round(time.time() - t_start, 1), "steps": cfg.steps, "loss": cfg.loss}
     summary |= {"seed": cfg.seed, "eval_problems": len(task.test)}

@@ -1,0 +1,293 @@
+"""Where the trust region matters: a grid over learning rate and off-policyness on `tiny-cpu`, every loss, 3 seeds.
+
+    python -m study.run --dry-run                      # the grid, and its time estimate
+    python -m study.run --calibrate                    # measure one run (the heaviest pass), for the estimate
+    python -m study.run                                # run it (resumable: run it again to go on)
+    python -m study.run --limit 2 --steps 2 --sft_steps 10 --eval_size 20     # a smoke test
+    python -m study.figures study/results.jsonl --out study/figures/
+
+Choices, stated once:
+- Variants (`VARIANTS`): TROLL with each sparse model (`troll-rest`, `troll-paper`), PPO-clip, DPPO (Binary-TV,
+  the trainer's default divergence) and CISPO, every other setting the `tiny-cpu` preset's (troll.config).
+- Off-policyness = minibatches x epochs, the optimiser steps taken on one RL batch from one old policy. The grid
+  sets the two apart: 4x1 and 1x4 (the same count, by splitting or by passes), and 8x4. Plus 1x1, on-policy, for
+  the first variant only: every ratio is 1 and p = q, so every loss here is the same policy gradient (no token
+  clipped, masked or projected; TROLL's regression term has zero gradient at p = pi*) and one run stands for all.
+- Runs are shortened, not the seeds: `--steps` RL steps (the preset: 100), evaluation every `--eval_every` steps on
+  `--eval_size` held-out problems (the preset: 1,000), the preset's 250-step warm-start (the same model for every
+  run of a seed: it is seeded). The defaults are sized to about two hours on two idle cores (`--dry-run`).
+- Order: seed by seed, so a study cut short holds the whole grid on fewer seeds.
+- One run = one `troll.train` run in `<out>/<name>`, its output in `log.txt` there. A run with summary.json is
+  finished and skipped; an interrupted one resumes from its checkpoint; a finished run's checkpoints are deleted
+  (9 MB each; the study keeps metrics, samples and summary).
+- `--jobs N` (default 1) runs N at a time, each in its own worker process with cores / N torch threads; with one
+  job the worker keeps torch's default threads. Workers are spawned (no fork of a process with OpenMP threads)
+  and import torch once; the parent never imports it.
+- Results (`--results`, JSONL): one row per finished run (`collect`), merged by run name into the file after
+  every run (rows of other grids in it are kept), written atomically. The KL of each update is the network's own,
+  exact over the 260-token vocabulary (troll.train's kl_update_mean / kl_update_max, one value per RL step).
+- Time estimate (`estimate`): a run at 1 epoch costs what the calibration run cost, wall clock in a fresh worker
+  (its minibatch count is the grid's largest, so smaller ones are overestimated a little; a longer or shorter run
+  adds or drops its mean step time per step, a different eval_size is not accounted for); each further epoch adds
+  `steps` x its update time per pass. Without `<out>/calibration.json` the built-in `MEASURED` figures are used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import os
+import shutil
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass
+from multiprocessing import get_context
+from pathlib import Path
+
+from troll.config import Config
+
+VARIANTS: dict[str, dict] = {
+    "troll-rest": dict(loss="troll", support="rest"),
+    "troll-paper": dict(loss="troll", support="paper"),
+    "ppo_clip": dict(loss="ppo_clip"),
+    "dppo": dict(loss="dppo", dppo_divergence="binary_tv"),
+    "cispo": dict(loss="cispo"),
+}
+LRS = (1e-4, 3e-4, 1e-3)
+OFF_POLICY = ((1, 1), (4, 1), (1, 4), (8, 4))  # (minibatches, epochs); 1x1 for the first variant only
+SEEDS = (0, 1, 2)
+# `--calibrate` on this project's shared 2-core machine, 2026-11-23 (troll-paper, 8 minibatches, 1 epoch, the
+# defaults below; load about 1.5): wall time in a fresh worker, mean RL step, update per pass. 50 steps under a
+# load of 2.5 gave 37.2 s, 0.456 s, 0.292 s: the estimate moves by a third with the machine's load.
+MEASURED = {"wall_s": 28.5, "steps": 40, "step_s": 0.346, "update_pass_s": 0.184}
+
+
+@dataclass(frozen=True)
+class Run:
+    variant: str
+    lr: float
+    minibatches: int
+    epochs: int
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.variant}_lr{self.lr:g}_mb{self.minibatches}_ep{self.epochs}_s{self.seed}"
+
+
+def grid(args: argparse.Namespace) -> list[Run]:
+    """Every run of the study, seed by seed (module docstring)."""
+    settings = [
+        (v, lr, mb, ep)
+        for v, lr, (mb, ep) in itertools.product(args.variants, args.lrs, args.off_policy)
+        if (mb, ep) != (1, 1) or v == args.variants[0]  # on-policy: one run stands for every loss
+    ]
+    runs = [Run(v, lr, mb, ep, seed) for seed in args.seeds for v, lr, mb, ep in settings]
+    return runs[: args.limit] if args.limit else runs
+
+
+def config(run: Run, args: argparse.Namespace) -> Config:
+    """The run's troll.train config: tiny-cpu, the variant, the grid point and the shortened schedule."""
+    return Config(
+        **VARIANTS[run.variant],
+        lr=run.lr,
+        minibatches=run.minibatches,
+        epochs=run.epochs,
+        seed=run.seed,
+        steps=args.steps,
+        eval_every=args.eval_every,
+        eval_size=args.eval_size,
+        save_every=args.eval_every,
+        sft_steps=args.sft_steps,
+        out=str(Path(args.out) / run.name),
+    )
+
+
+def collect(run: Run, out: Path) -> dict:
+    """One results row from a finished run directory."""
+    summary = json.loads((out / "summary.json").read_text())
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps = [m for m in metrics if "eval_acc" not in m]
+
+    def per_step(key: str) -> list[float]:
+        return [m[key] for m in steps if key in m]
+
+    frac = per_step("frac_active")
+    variant = VARIANTS[run.variant]
+    return {
+        "name": run.name,
+        **asdict(run),
+        "loss": variant["loss"],
+        "support": variant.get("support", "rest"),
+        "off_policy": run.minibatches * run.epochs,
+        "steps": len(steps),
+        "eval_problems": summary["eval_problems"],
+        "eval_before": summary["eval_before"],
+        "eval_after": summary["eval_after"],
+        "eval_best": summary["eval_best"],
+        "eval_best_step": summary["eval_best_step"],
+        "eval_curve": [[m["step"], m["eval_acc"]] for m in metrics if "eval_acc" in m],
+        "reward": per_step("reward"),
+        "kl_update_mean": per_step("kl_update_mean"),
+        "kl_update_max": per_step("kl_update_max"),
+        "kl_before_max": per_step("kl_before_max"),
+        "frac_active": frac,  # tokens projected (troll) / clipped (ppo_clip, cispo) / masked (dppo), per step
+        "frac_active_mean": sum(frac) / max(len(frac), 1),
+        "skipped_steps": summary["skipped_steps"],
+        "wall_clock_s": summary["wall_clock_s"],
+    }
+
+
+def merge_results(path: Path, new: Sequence[dict]) -> None:
+    """Replace or add rows by name, keep the others, write atomically."""
+    rows = {}
+    if path.is_file():
+        rows = {r["name"]: r for r in map(json.loads, path.read_text().splitlines()) if r}
+    rows |= {r["name"]: r for r in new}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows.values()))
+    tmp.replace(path)
+
+
+def _init_worker(threads: int) -> None:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def execute(run: Run, cfg: Config) -> dict:
+    """Train one run in this (worker) process, its output to <out>/log.txt; returns its results row."""
+    import dataclasses
+
+    from troll.train import train
+
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    resume = (out / "checkpoints" / "latest").is_file()
+    with open(out / "log.txt", "a") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+        train(dataclasses.replace(cfg, resume=resume))
+    shutil.rmtree(out / "checkpoints", ignore_errors=True)
+    return collect(run, out)
+
+
+def estimate(runs: Sequence[Run], args: argparse.Namespace) -> tuple[float, str]:
+    """Seconds for `runs` one at a time, and where the figures came from (module docstring)."""
+    path = Path(args.out) / "calibration.json"
+    cal, source = MEASURED, "built-in figures (study/run.py MEASURED); --calibrate measures this machine"
+    if path.is_file():
+        cal, source = json.loads(path.read_text()), f"{path}"
+    one_epoch = cal["wall_s"] + (args.steps - cal["steps"]) * cal["step_s"]
+    total = sum(one_epoch + args.steps * (r.epochs - 1) * cal["update_pass_s"] for r in runs)
+    return total, source
+
+
+def calibrate(args: argparse.Namespace) -> None:
+    """Time one run of the heaviest pass (the most minibatches, 1 epoch, troll-paper) into calibration.json."""
+    mb = max(m for m, _ in args.off_policy)
+    run = Run("troll-paper" if "troll-paper" in args.variants else args.variants[0], args.lrs[0], mb, 1, 0)
+    cfg = config(run, args)
+    cfg = Config(**(asdict(cfg) | {"out": str(Path(args.out) / f"calibration-{run.name}")}))
+    if Path(cfg.out).exists():
+        shutil.rmtree(cfg.out)
+    with ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=_init_worker, initargs=(0,)) as pool:
+        t0 = time.time()
+        row = pool.submit(execute, run, cfg).result()
+        wall = time.time() - t0
+    metrics = [json.loads(x) for x in (Path(cfg.out) / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in metrics if "time_update" in m]
+    step_s = sum(sum(v for k, v in m.items() if k.startswith("time_")) for m in steps) / len(steps)
+    update_s = sum(m["time_update"] for m in steps) / len(steps)
+    cal = {
+        "wall_s": round(wall, 1),
+        "steps": args.steps,
+        "step_s": round(step_s, 3),
+        "update_pass_s": round(update_s, 3),
+    }
+    cal |= {"run": run.name, "eval_size": args.eval_size, "measured": time.strftime("%Y-%m-%d %H:%M")}
+    (Path(args.out) / "calibration.json").write_text(json.dumps(cal, indent=2) + "\n")
+    print(
+        f"one run ({run.name}, {row['steps']} steps, a fresh worker process): {cal['wall_s']} s; update pass "
+        f"{cal['update_pass_s']} s per RL step; written to {Path(args.out) / 'calibration.json'}"
+    )
+
+
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m study.run", description=__doc__.split("\n")[0])
+    p.add_argument("--out", default="runs/study", help="one folder per run in here; default: %(default)s")
+    p.add_argument("--results", default="study/results.jsonl", help="results file (JSONL); default: %(default)s")
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument("--lrs", nargs="+", type=float, default=list(LRS))
+    p.add_argument(
+        "--off_policy",
+        nargs="+",
+        type=lambda s: tuple(int(x) for x in s.split("x")),
+        default=list(OFF_POLICY),
+        help="MINIBATCHESxEPOCHS, e.g. 4x1 1x4; default: " + " ".join(f"{m}x{e}" for m, e in OFF_POLICY),
+    )
+    p.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS))
+    p.add_argument("--steps", type=int, default=40, help="RL steps per run; default: %(default)s")
+    p.add_argument("--eval_every", type=int, default=20, help="default: %(default)s")
+    p.add_argument("--eval_size", type=int, default=400, help="held-out problems; default: %(default)s")
+    p.add_argument("--sft_steps", type=int, default=250, help="warm-start steps (the preset's); default: %(default)s")
+    p.add_argument("--jobs", type=int, default=1, help="runs at a time; default: %(default)s")
+    p.add_argument("--limit", type=int, default=0, help="only the first N runs of the grid (0: all)")
+    p.add_argument("--dry-run", action="store_true", help="list the grid and its time estimate, run nothing")
+    p.add_argument("--calibrate", action="store_true", help="time one run and store it for the estimate")
+    args = p.parse_args(argv)
+    try:  # every run's config is checked before any work
+        for run in grid(args):
+            config(run, args)
+    except ValueError as e:
+        p.error(str(e))
+    if args.jobs < 1 or args.limit < 0:
+        p.error("--jobs must be >= 1 and --limit >= 0")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict]:
+    """Run (or list) the grid; returns the results rows of this grid's finished runs."""
+    args = parse(argv)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    if args.calibrate:
+        calibrate(args)
+        return []
+    runs = grid(args)
+    todo = [r for r in runs if not (Path(args.out) / r.name / "summary.json").is_file()]
+    total, source = estimate(todo, args)
+    print(
+        f"{len(runs)} runs ({len(args.variants)} variants x {len(args.lrs)} lrs x {len(args.off_policy)} "
+        f"off-policy settings x {len(args.seeds)} seeds, 1x1 once{f'; first {args.limit}' if args.limit else ''}), "
+        f"{len(runs) - len(todo)} finished; the rest: about {total / 60:.0f} min one at a time ({source})"
+    )
+    if args.dry_run:
+        for r in runs:
+            print(f"  {'done ' if r not in todo else ''}{r.name}")
+        return []
+    done = [collect(r, Path(args.out) / r.name) for r in runs if r not in todo]
+    if done:
+        merge_results(Path(args.results), done)  # rows of runs finished before, e.g. when the file was lost
+    threads = max(1, len(os.sched_getaffinity(0)) // args.jobs) if args.jobs > 1 else 0
+    ctx = get_context("spawn")
+    with ProcessPoolExecutor(args.jobs, mp_context=ctx, initializer=_init_worker, initargs=(threads,)) as pool:
+        futures = {pool.submit(execute, r, config(r, args)): r for r in todo}
+        for i, fut in enumerate(as_completed(futures), 1):
+            row = fut.result()
+            merge_results(Path(args.results), [row])
+            done.append(row)
+            print(
+                f"[{i}/{len(todo)}] {row['name']}: {row['eval_before']:.3f} -> {row['eval_after']:.3f} "
+                f"(best {row['eval_best']:.3f}) in {row['wall_clock_s']:.0f} s",
+                flush=True,
+            )
+    print(f"{len(done)} runs in {args.results}")
+    return done
+
+
+if __name__ == "__main__":
+    main()
