@@ -17,8 +17,9 @@ Choices, stated once:
   `--eval_size` held-out problems (the preset: 1,000), the preset's 250-step warm-start (the same model for every
   run of a seed: it is seeded). The defaults are sized to about two hours on two idle cores (`--dry-run`).
 - Order: seed by seed, so a study cut short holds the whole grid on fewer seeds.
-- One run = one `troll.train` run in `<out>/<name>`, its output in `log.txt` there. A run with summary.json is
-  finished and skipped; an interrupted one resumes from its checkpoint; a finished run's checkpoints are deleted
+- One run = one `troll.train` run in `<out>/<name>`, its output in `log.txt` there. A run with summary.json, or
+  with a row in the results file (so a committed results file resumes on a fresh machine), is finished and skipped;
+  an interrupted one resumes from its checkpoint; a finished run's checkpoints are deleted
   (9 MB each; the study keeps metrics, samples and summary).
 - `--jobs N` (default 1) runs N at a time, each in its own worker process with cores / N torch threads; with one
   job the worker keeps torch's default threads. Workers are spawned (no fork of a process with OpenMP threads)
@@ -141,12 +142,16 @@ def collect(run: Run, out: Path) -> dict:
     }
 
 
+def read_results(path: Path) -> dict[str, dict]:
+    """The results file's rows by run name (empty when there is no file)."""
+    if not path.is_file():
+        return {}
+    return {r["name"]: r for r in map(json.loads, path.read_text().splitlines()) if r}
+
+
 def merge_results(path: Path, new: Sequence[dict]) -> None:
     """Replace or add rows by name, keep the others, write atomically."""
-    rows = {}
-    if path.is_file():
-        rows = {r["name"]: r for r in map(json.loads, path.read_text().splitlines()) if r}
-    rows |= {r["name"]: r for r in new}
+    rows = read_results(path) | {r["name"]: r for r in new}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in rows.values()))
@@ -258,7 +263,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         calibrate(args)
         return []
     runs = grid(args)
-    todo = [r for r in runs if not (Path(args.out) / r.name / "summary.json").is_file()]
+    recorded = read_results(Path(args.results))
+    todo = [r for r in runs if r.name not in recorded and not (Path(args.out) / r.name / "summary.json").is_file()]
     total, source = estimate(todo, args)
     print(
         f"{len(runs)} runs ({len(args.variants)} variants x {len(args.lrs)} lrs x {len(args.off_policy)} "
@@ -269,7 +275,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         for r in runs:
             print(f"  {'done ' if r not in todo else ''}{r.name}")
         return []
-    done = [collect(r, Path(args.out) / r.name) for r in runs if r not in todo]
+    done = [
+        recorded[r.name] if r.name in recorded else collect(r, Path(args.out) / r.name) for r in runs if r not in todo
+    ]
     if done:
         merge_results(Path(args.results), done)  # rows of runs finished before, e.g. when the file was lost
     threads = max(1, len(os.sched_getaffinity(0)) // args.jobs) if args.jobs > 1 else 0

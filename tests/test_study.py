@@ -83,3 +83,9 @@ def test_a_two_run_study_finishes_resumes_and_draws(tmp_path, capsys):
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == files and results.read_text() == text
     figures.main([str(results), "--out", str(tmp_path / "figs")])
     assert all(p.stat().st_size > 5000 for p in (tmp_path / "figs").iterdir())
+    capsys.readouterr()  # a fresh machine with only the (committed) results file: nothing runs again either
+    moved = run.main([*SMOKE, "--out", str(tmp_path / "fresh"), "--results", str(results)])
+    assert "2 finished" in capsys.readouterr().out and sorted(r["name"] for r in moved) == sorted(
+        r["name"] for r in rows
+    )
+    assert not (tmp_path / "fresh").exists() or not any((tmp_path / "fresh").iterdir())
