@@ -111,9 +111,12 @@ class LMHead:
 Logits = Tensor | LMHead  # what every function below takes: full logits [N, V] or a 2-D head
 
 
-def _chunks(x: Logits) -> list[slice]:
-    n, v = x.shape[0], x.shape[-1]
-    per = x.chunk_rows if isinstance(x, LMHead) and x.chunk_rows else max(1, CHUNK_ELEMENTS // max(v, 1))
+def _rows_per_chunk(x: Logits) -> int:
+    """The head's chunk_rows, or about CHUNK_ELEMENTS logits per chunk."""
+    return x.chunk_rows if isinstance(x, LMHead) and x.chunk_rows else max(1, CHUNK_ELEMENTS // max(x.shape[-1], 1))
+
+
+def _chunks(n: int, per: int) -> list[slice]:
     return [slice(i, i + per) for i in range(0, n, per)]
 
 
@@ -138,7 +141,7 @@ class _GatherLogprobs(torch.autograd.Function):
         lse = torch.empty(n, dtype=dt, device=x.device)
         lse_rest, entropy = torch.empty_like(lse), torch.empty_like(lse)
         logp = torch.empty(idx.shape, dtype=dt, device=x.device)
-        rows = [slice(i, i + per) for i in range(0, n, per)]
+        rows = _chunks(n, per)
         work, shifted = (torch.empty(min(per, n), v, dtype=dt, device=x.device) for _ in range(2))
         for r in rows:
             xc = _chunk_logits(x, head, r, work)
@@ -158,7 +161,7 @@ class _GatherLogprobs(torch.autograd.Function):
             xc = _chunk_logits(x, head, slice(i, i + 1), work)
             lse_rest[i] = xc.scatter(-1, idx[i : i + 1], -math.inf).logsumexp(-1)[0]
         ctx.save_for_backward(x, weight, bias, idx, live, lse, lse_rest)
-        ctx.temp, ctx.vocab, ctx.rows = temp, vocab, rows
+        ctx.temp, ctx.vocab, ctx.per, ctx.rows = temp, vocab, per, rows
         ctx.mark_non_differentiable(entropy)
         return logp, lse_rest - lse, entropy
 
@@ -173,7 +176,7 @@ class _GatherLogprobs(torch.autograd.Function):
         coef = g_rest - total * torch.where(has_rest, (lse_rest - lse).exp(), 0.0)
         head = None if weight is None else LMHead(x, weight, bias, ctx.temp, ctx.vocab)
         n, v = x.shape[0], (x.shape[-1] if weight is None else weight.shape[0])
-        work = torch.empty(min(ctx.rows[0].stop, n) if n else 0, v, dtype=dt, device=x.device)
+        work = torch.empty(min(ctx.per, n), v, dtype=dt, device=x.device)
         direct = weight is None and x.dtype == dt  # write dL/dx straight into the gradient's rows
         grad_x = torch.empty_like(x) if weight is None else torch.empty(x.shape, dtype=dt, device=x.device)
         grad_w = None if weight is None else torch.zeros(weight.shape, dtype=dt, device=x.device)
@@ -210,7 +213,7 @@ def gather_logprobs(x: Logits, idx: Tensor, mask: Tensor) -> tuple[Tensor, Tenso
     log_rest [N] (-inf when nothing is left), entropy [N] (no gradient); float32, or float64 for float64 inputs.
     """
     idx = torch.where(mask, idx, idx[:, :1])
-    per = _chunks(x)[0].stop if x.shape[0] else 1
+    per = _rows_per_chunk(x)
     if isinstance(x, LMHead):
         vocab = x.weight.shape[0] if x.vocab_size is None else x.vocab_size
         return _GatherLogprobs.apply(x.hidden, x.weight, x.bias, idx, mask, x.temperature, vocab, per)
@@ -223,4 +226,4 @@ def topk(x: Logits, k: int) -> Tensor:
     k = min(k, x.shape[-1])
     if not isinstance(x, LMHead):
         return x.detach().topk(k, dim=-1).indices
-    return torch.cat([x.logits(r).topk(k, dim=-1).indices for r in _chunks(x)])
+    return torch.cat([x.logits(r).topk(k, dim=-1).indices for r in _chunks(x.shape[0], _rows_per_chunk(x))])

@@ -149,8 +149,9 @@ def sparsify_with_entropy(logits: Logits, tokens: Tensor, k: int, delta: float) 
         dropped = live & ~torch.zeros_like(live).scatter_(-1, order, mask)  # live candidates left out of S
     idx, logp = cand.gather(-1, order), cand_logp.gather(-1, order)
     log_rest = _logsumexp(torch.cat([cand_rest[:, None], cand_logp.masked_fill(~dropped, -math.inf)], -1))
-    _check_sampled(logp, idx, mask, tokens)
-    return SparseDist(_fill(idx, mask), _fill(logp, mask), mask, log_rest, logits.shape[-1]), entropy
+    d = SparseDist(_fill(idx, mask), _fill(logp, mask), mask, log_rest, logits.shape[-1])
+    _check_sampled(_at_tokens(d, tokens))
+    return d, entropy
 
 
 def sparsify_topk(
@@ -189,11 +190,12 @@ def sparsify_topk(
     order, mask = _keep(top_logp, beyond.to(dt), top_idx, tokens, delta)
     idx = torch.cat([top_idx, tokens[:, None]], -1).gather(-1, order)
     logp = torch.cat([top_logp, token_logp.to(dt)[:, None]], -1).gather(-1, order)
-    _check_sampled(logp, idx, mask, tokens)
     count = (vocab_size - mask.sum(-1)).double()
     rest = (1.0 - torch.where(mask, logp.double().exp(), 0.0).sum(-1)).clamp_min(count * tail_prob)
     log_rest = torch.where(count > 0, rest.log(), -math.inf).to(dt)
-    return SparseDist(_fill(idx, mask), _fill(logp, mask), mask, log_rest, vocab_size)
+    d = SparseDist(_fill(idx, mask), _fill(logp, mask), mask, log_rest, vocab_size)
+    _check_sampled(_at_tokens(d, tokens))
+    return d
 
 
 def _keep(top_logp: Tensor, beyond: Tensor, top_idx: Tensor, tokens: Tensor, delta: float) -> tuple[Tensor, Tensor]:
@@ -222,11 +224,15 @@ def _logsumexp(x: Tensor) -> Tensor:
     return torch.where(some, torch.where(some[:, None], x, 0.0).logsumexp(-1), -math.inf)
 
 
-def _check_sampled(logp: Tensor, idx: Tensor, mask: Tensor, tokens: Tensor) -> None:
-    at_y = torch.where((idx == tokens[:, None]) & mask, logp.detach(), -math.inf).amax(-1)
+def _check_sampled(at_y: Tensor) -> None:
+    """The sampled tokens' log-probs [N] must be finite: a sampled token of zero probability is an error."""
+    at_y = at_y.detach()
     if not bool(torch.isfinite(at_y).all()):
         rows = torch.nonzero(~torch.isfinite(at_y))[:5, 0].tolist()
-        raise ValueError(f"cannot sparsify: a sampled token of zero probability (rows {rows})")
+        raise ValueError(
+            f"a sampled token has zero probability (rows {rows}): masked in the logits, or p and q disagree on "
+            "the vocabulary"
+        )
 
 
 def cat_rows(dists: list[SparseDist]) -> SparseDist:
@@ -308,7 +314,6 @@ def build_support(
     if model == "paper":
         new, entropy = sparsify_with_entropy(logits, tokens, k, delta)
         return _union(new, old, tokens, entropy)
-    y = _token_slot(old, tokens)
     lp, lp_rest, entropy = gather_logprobs(logits, old.idx, old.mask)
     lq = old.logp.to(lp.dtype)
     lq_rest = old.log_rest.to(lp.dtype)
@@ -318,9 +323,9 @@ def build_support(
     mask = torch.cat([old.mask, live_rest[:, None]], -1)
     lp_all = torch.where(mask, torch.cat([lp, lp_rest[:, None]], -1), 0.0)
     lq_all = torch.where(mask, torch.cat([lq, lq_rest[:, None]], -1), 0.0)
+    y = _token_slot(old, tokens)
     lp_y, lq_y = lp.gather(-1, y[:, None])[:, 0], lq.gather(-1, y[:, None])[:, 0]
-    if not bool(torch.isfinite(lp_y.detach()).all()):
-        raise ValueError("the current policy gives a sampled token zero probability (inconsistent vocabulary masks?)")
+    _check_sampled(lp_y)  # p and q disagree on which ids exist (inconsistent vocabulary masks)
     return Support(old.idx, mask, lp_all, lq_all, old.vocab_size - old.size, y, lp_y, lq_y, entropy)
 
 
@@ -332,11 +337,16 @@ def _token_slot(d: SparseDist, tokens: Tensor) -> Tensor:
     return hit.to(torch.uint8).argmax(-1)
 
 
+def _at_tokens(d: SparseDist, tokens: Tensor) -> Tensor:
+    """[N] d's log-prob of each sampled token (exact, over V; with d's gradient)."""
+    return d.logp.gather(-1, _token_slot(d, tokens)[:, None])[:, 0]
+
+
 def _union(new: SparseDist, old: SparseDist, tokens: Tensor, entropy: Tensor) -> Support:
     """The paper's model: both renormalised policies on the union of their kept sets plus a shared tail atom;
     an entry kept by one policy only takes the other's tail value."""
-    lp_y = new.logp.gather(-1, _token_slot(new, tokens)[:, None])[:, 0]
-    lq_y = old.logp.gather(-1, _token_slot(old, tokens)[:, None])[:, 0].to(lp_y.dtype)
+    lp_y = _at_tokens(new, tokens)
+    lq_y = _at_tokens(old, tokens).to(lp_y.dtype)
     lp_new, tail_p, _ = paper_model(new)
     lq_old, tail_q, _ = paper_model(old)
     lq_old, tail_q = lq_old.to(lp_new.dtype), tail_q.to(lp_new.dtype)

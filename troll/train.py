@@ -407,7 +407,7 @@ def auto_micro_batch(cfg: Config, device: torch.device) -> int:
     """`--micro_batch_tokens auto`: the largest micro-batch troll.memory's fitted model says this GPU holds (beside
     vLLM's share, with the chunked output layer if `logits_chunk`); on CPU the default, 4096."""
     if device.type != "cuda":
-        return 4096
+        return Config.micro_batch_tokens
     gib = torch.cuda.get_device_properties(device).total_memory / memory.GIB
     vllm = cfg.vllm_gpu_memory if cfg.backend == "vllm" else 0.0
     return memory.micro_batch_tokens(cfg.model, gib, vllm, cfg.grad_checkpointing, chunked=cfg.logits_chunk > 0)
