@@ -15,12 +15,12 @@ Inside the update, the loss functions' forward (`troll_loss` / `ppo_clip`, not t
 (wall and CPU user), to show how much of the difference is the loss itself: `rl_step`'s `loss_fn` seam gets the
 loss wrapped in a timer.
 
-Setup: `Config.from_args(["--preset", "tiny-cpu", ...])` (every flag of the command line is passed through to
-it, e.g. `--prompts_per_step 16 --k 32`): the 0.59M-parameter tiny Llama built locally (`build_model`) and
-warm-started like the preset's training run (250 supervised steps on the addition task, untimed), 32 prompts x
-8 samples x at most 5 new tokens, 2 minibatches, lr 1e-4, K 64, eps 0.05, clip 0.2. The task's reward is
-replaced by `_util.parity_reward` (1.0 when the sum of the completion's code points is odd; `--reward
-odd_length` for odd-length completions; `--reward task` keeps the addition reward), about a coin flip per
+Setup: `Config.from_args(["--preset", "tiny-cpu", ...])` (every flag of the command line is passed through to it,
+e.g. `--prompts_per_step 16 --k 32`): the 0.59M-parameter tiny Llama built locally (`build_model`) and warm-started
+like the preset's training run (supervised steps on the addition task until greedy solves 30% of the training probe,
+untimed), 32 prompts x 8 samples x at most 5 new tokens, 2 minibatches, lr 1e-4, K 64, eps 0.05, clip 0.2. The
+task's reward is replaced by `_util.parity_reward` (1.0 when the sum of the completion's code points is odd;
+`--reward odd_length` for odd-length completions; `--reward task` keeps the addition reward), about a coin flip per
 sample, so every round's update has real gradients whatever the model has learnt.
 
 Stress case, `--sft_steps 0`: the untrained model is near-uniform over its 260 tokens, so the K = 64 sparse
@@ -141,8 +141,7 @@ def main() -> None:
     vocab = len(tokenizer)
     task, _ = train.load_task(cfg, tokenizer)
     if cfg.sft_steps:
-        loss = train.sft_warmstart(cfg, model, tokenizer, task)
-        print(f"supervised warm-start: {cfg.sft_steps} steps, final loss {loss:.3f}")
+        train.sft_warmstart(cfg, model, tokenizer, task)  # prints its record
     if a.reward != "task":
         task.reward = REWARDS[a.reward]
     threads_before = torch.get_num_threads()

@@ -63,6 +63,8 @@ BAD_FLAGS = [
     (["--grad_clip", "0"], "grad_clip must be > 0"),
     (["--vllm_gpu_memory", "1.5"], r"vllm_gpu_memory must be in \(0, 1\]"),
     (["--sft_steps", "-1"], "sft_steps must be >= 0"),
+    (["--sft_target", "1.5"], r"sft_target must be in \[0, 1\]"),
+    (["--sft_target", "nan"], "sft_target must be in"),
     (["--sft_batch", "0"], "sft_batch must be >= 1"),
     (["--eval_every", "0"], "eval_every must be >= 1"),
     (["--eval_size", "-1"], "eval_size must be >= 0"),

@@ -13,7 +13,7 @@ Choices, stated once:
   error (exit 2, no traceback) before any model is built or any directory written (troll.config checks it).
 - Busy CPU: run as a command, this module sets OMP_WAIT_POLICY=PASSIVE (unless the environment sets it) before
   torch loads. By default OpenMP threads spin while they wait; when other processes hold the cores, a small
-  model then runs up to 10x slower (the "about a minute" main job took 4-16 minutes on a busy 2-core machine).
+  model then runs up to 10x slower (the main job, then about a minute, took 4-16 minutes on a busy 2-core machine).
   Passive waiting costs nothing measurable on an idle one.
 - Old policy (`--old_policy`): `recompute` (default, the paper) scores the step's rollouts with the training
   model right before the update, in its own no-grad pass, and sparsifies it; `behaviour` uses the engine's top-K
@@ -43,13 +43,16 @@ Choices, stated once:
   (tiny-cpu: about 0.04 s of a 0.35 s step), and B*T*V floats on CPU (1.3 MB on tiny-cpu). GSM8K's 152k-token
   vocabulary is over the limit, so those runs never pay for it.
 - A step whose gradient norm is not finite is skipped (no optimiser step) and counted (`skipped_steps`).
+- Warm-start (`--sft_steps`, `--sft_target`): supervised steps on reference solutions before RL, stopped once
+  greedy decoding solves `sft_target` of a probe of training problems (troll.warmstart), so every seed starts RL
+  from about the same accuracy; the GSM8K presets start from the instruct model instead (`sft_steps` 0).
 - Evaluation is greedy pass@1 on held-out problems through the generator's own `greedy` (transformers, or the
   vLLM engine), the path troll.evaluate uses. The first one runs before RL, after the warm-start.
 - Run directory (`--out`): config.json; metrics.jsonl: one row per RL step, and one row per evaluation
   `{"step", "eval_acc"}`, the first at step 0; samples.jsonl (a few completions per evaluation);
   checkpoints/ (troll.checkpoint: atomic, the last two kept, trainer.pt holds optimiser, scheduler and the
   run's state); summary.json (eval_before, eval_after = the last evaluation, eval_best and its step,
-  wall-clock over all sessions); tensorboard/ with `--log_to tensorboard`.
+  the warm-start's record sft_*, wall-clock over all sessions); tensorboard/ with `--log_to tensorboard`.
 - `--log_to tensorboard|wandb` also sends every metrics row there (troll.metrics.Logger, imported only then; a
   missing package is an error before any work, naming the install command). metrics.jsonl stays the record.
 - Resume continues from checkpoints/latest; metrics and samples rows past it are dropped (the resumed run
@@ -90,6 +93,7 @@ from troll.metrics import Logger, logger_missing, merge
 from troll.policy import build_model, completion_logits
 from troll.rollout import Generator, HFGenerator, Rollouts
 from troll.sparse import SparseDist, cat_rows, sparsify, sparsify_topk
+from troll.warmstart import warm_start
 
 LossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]  # the signature of troll.losses.LOSSES
 
@@ -162,26 +166,25 @@ def make_optimizer(cfg: Config, model: Any) -> tuple[torch.optim.Optimizer, torc
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
-def sft_warmstart(cfg: Config, model: Any, tokenizer: Any, task: Task) -> float:
-    """Supervised steps on reference solutions (loss on the answer tokens only); returns the last loss."""
-    device = next(model.parameters()).device
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.sft_lr)
-    gen = torch.Generator().manual_seed(cfg.seed)
-    loss = torch.tensor(math.nan)
-    for _ in tqdm(range(cfg.sft_steps), desc="sft", leave=False):
-        rows = [task.train[i] for i in torch.randint(len(task.train), (cfg.sft_batch,), generator=gen).tolist()]
-        prompts = encode(tokenizer, [task.prompt(r["question"]) for r in rows])
-        answers = [ids + [tokenizer.eos_token_id] for ids in encode(tokenizer, [r["answer"] for r in rows])]
-        width = max(len(a) for a in answers)
-        comp = torch.tensor([a + [tokenizer.pad_token_id] * (width - len(a)) for a in answers])
-        mask = torch.tensor([[j < len(a) for j in range(width)] for a in answers], device=device)
-        logits = completion_logits(model, prompts, comp, 1.0, len(tokenizer))
-        nll = -torch.log_softmax(logits, -1).gather(-1, comp.to(device)[..., None])[..., 0]
-        loss = (nll * mask).sum() / mask.sum()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return float(loss.detach())
+def sft_warmstart(cfg: Config, model: Any, tokenizer: Any, task: Task) -> dict:
+    """The supervised warm-start (troll.warmstart) on the task's training problems; prints and returns its record."""
+    warm = warm_start(
+        model,
+        tokenizer,
+        task.train,
+        task.prompt,
+        steps=cfg.sft_steps,
+        lr=cfg.sft_lr,
+        batch=cfg.sft_batch,
+        seed=cfg.seed,
+        target=cfg.sft_target,
+    )
+    reached = "" if not cfg.sft_target else f" (target {cfg.sft_target}{'' if warm['sft_reached'] else ' NOT reached'})"
+    print(
+        f"supervised warm-start: {warm['sft_steps_run']} steps, final loss {warm['sft_loss']:.3f}, "
+        f"greedy solves {warm['sft_probe_acc']:.3f} of the training probe{reached}"
+    )
+    return warm
 
 
 # ----------------------------------------------------------------------------- the pieces of one RL step
@@ -448,16 +451,17 @@ def train(cfg: Config) -> dict:
     if state is None:
         metrics_path.write_text("")
         samples_path.write_text("")
+        warm = {}
         if cfg.sft_steps:
-            sft_loss = sft_warmstart(cfg, model, tokenizer, task)
+            warm = sft_warmstart(cfg, model, tokenizer, task)
             generator.push_weights(model)
-            print(f"supervised warm-start: {cfg.sft_steps} steps, final loss {sft_loss:.3f}")
         acc, records = evaluate(cfg, generator, tokenizer, task)
         append_jsonl(metrics_path, [{"step": 0, "eval_acc": acc}])
         logger.log({"step": 0, "eval_acc": acc})
         append_jsonl(samples_path, [{"step": 0, **r} for r in records[: cfg.samples_to_log]])
         state = {"step": 0, "eval_before": acc, "eval_after": acc, "eval_best": acc, "eval_best_step": 0}
-        state |= {"skipped_steps": 0, "dropped_prompts": dropped["train"], "dropped_test_prompts": dropped["test"]}
+        state |= warm | {"skipped_steps": 0, "dropped_prompts": dropped["train"]}
+        state |= {"dropped_test_prompts": dropped["test"]}
         save_checkpoint(out, model, tokenizer, opt, sched, state | {"wall_clock_s": time.time() - t_start})
     else:
         opt.load_state_dict(state.pop("optimizer"))
