@@ -179,11 +179,13 @@ def sft_warmstart(cfg: Config, model: Any, tokenizer: Any, task: Task) -> dict:
         seed=cfg.seed,
         target=cfg.sft_target,
     )
-    reached = "" if not cfg.sft_target else f" (target {cfg.sft_target}{'' if warm['sft_reached'] else ' NOT reached'})"
-    print(
+    line = (
         f"supervised warm-start: {warm['sft_steps_run']} steps, final loss {warm['sft_loss']:.3f}, "
-        f"greedy solves {warm['sft_probe_acc']:.3f} of the training probe{reached}"
+        f"greedy solves {warm['sft_probe_acc']:.3f} of the training probe"
     )
+    if cfg.sft_target:
+        line += f" (target {cfg.sft_target}: {'reached' if warm['sft_reached'] else 'NOT reached'})"
+    print(line)
     return warm
 
 
@@ -459,9 +461,8 @@ def train(cfg: Config) -> dict:
         append_jsonl(metrics_path, [{"step": 0, "eval_acc": acc}])
         logger.log({"step": 0, "eval_acc": acc})
         append_jsonl(samples_path, [{"step": 0, **r} for r in records[: cfg.samples_to_log]])
-        state = {"step": 0, "eval_before": acc, "eval_after": acc, "eval_best": acc, "eval_best_step": 0}
-        state |= warm | {"skipped_steps": 0, "dropped_prompts": dropped["train"]}
-        state |= {"dropped_test_prompts": dropped["test"]}
+        state = {"step": 0, "eval_before": acc, "eval_after": acc, "eval_best": acc, "eval_best_step": 0, **warm}
+        state |= {"skipped_steps": 0, "dropped_prompts": dropped["train"], "dropped_test_prompts": dropped["test"]}
         save_checkpoint(out, model, tokenizer, opt, sched, state | {"wall_clock_s": time.time() - t_start})
     else:
         opt.load_state_dict(state.pop("optimizer"))

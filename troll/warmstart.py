@@ -89,9 +89,9 @@ def warm_start(
     gen = torch.Generator().manual_seed(seed)
     probe_batch = answer_batch(tokenizer, rows[:probe], prompt)
     loss, done = math.nan, 0
-    bar = tqdm(range(1, steps + 1), desc="sft", leave=False)
+    bar = tqdm(range(steps), desc="sft", leave=False)
     for _ in bar:
-        done += 1
+        done += 1  # counted, not the loop variable: it is read after the loop
         drawn = [rows[i] for i in torch.randint(len(rows), (batch,), generator=gen).tolist()]
         prompts, ids, mask = answer_batch(tokenizer, drawn, prompt)
         ids, mask = ids.to(device), mask.to(device)
