@@ -13,10 +13,12 @@ Choices, stated once:
   sets the two apart: 4x1 and 1x4 (the same count, by splitting or by passes), and 8x4. Plus 1x1, on-policy, for
   the first variant only: every ratio is 1 and p = q, so every loss here is the same policy gradient (no token
   clipped, masked or projected; TROLL's regression term has zero gradient at p = pi*) and one run stands for all.
-- Runs are shortened, not the seeds: `--steps` RL steps (the preset: 300), evaluation every `--eval_every` steps on
-  `--eval_size` held-out problems (the preset: 1,000). The warm-start is the preset's as it was when the study ran:
-  250 steps of 64 problems, no target (pinned in `config`, so the committed results reproduce; the same model for
-  every run of a seed: it is seeded). The defaults are sized to about two hours on two idle cores (`--dry-run`).
+- Runs are shortened, not the seeds: `--steps` RL steps (the preset: 250), evaluation every `--eval_every` steps on
+  `--eval_size` held-out problems (the preset: 1,000). The defaults are sized to about two hours on two idle cores
+  (`--dry-run`).
+- The task and warm-start are the preset's as they were when the study ran: sums written most-significant digit
+  first, 250 supervised steps of 64 problems, no target (pinned in `config`, so the committed results reproduce;
+  the same model for every run of a seed: it is seeded).
 - Order: seed by seed, so a study cut short holds the whole grid on fewer seeds.
 - One run = one `troll.train` run in `<out>/<name>`, its output in `log.txt` there. A run with summary.json, or
   with a row in the results file (so a committed results file resumes on a fresh machine), is finished and skipped;
@@ -106,6 +108,7 @@ def config(run: Run, args: argparse.Namespace) -> Config:
         sft_steps=args.sft_steps,
         sft_batch=64,  # the warm-start the committed study ran with: 250 steps of 64, no target (the preset's then)
         sft_target=0.0,
+        reverse_sum=False,  # the study ran on sums written the usual way, before the preset reversed them
         out=str(Path(args.out) / run.name),
     )
 

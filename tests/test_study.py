@@ -63,6 +63,13 @@ def test_grid_lists_on_policy_once_and_estimates(capsys, tmp_path):
         run.parse(["--lrs", "0"])  # every run's config is checked first
 
 
+def test_the_study_keeps_the_task_and_warm_start_it_ran_with(tmp_path):
+    args = run.parse(["--out", str(tmp_path)])
+    for r in run.grid(args):  # sums written the usual way, 250 supervised steps of 64, no target: as committed
+        cfg = run.config(r, args)
+        assert (cfg.reverse_sum, cfg.sft_steps, cfg.sft_batch, cfg.sft_target) == (False, 250, 64, 0.0)
+
+
 def test_a_two_run_study_finishes_resumes_and_draws(tmp_path, capsys):
     out, results = tmp_path / "runs", tmp_path / "results.jsonl"
     argv = [*SMOKE, "--out", str(out), "--results", str(results)]

@@ -185,7 +185,8 @@ def test_gsm8k_preset_one_step_with_a_local_stand_in(tmp_path, gsm8k_dir):
 
 def test_tiny_cpu_run_learns(tmp_path):
     """README's main command, shortened to 50 RL steps: the warm-start stops at its target, so held-out accuracy
-    starts near it (measured on 1,000 problems, seeds 0-2: 0.31-0.36), and TROLL raises it (seed 0: 0.43)."""
+    starts near it (measured on 1,000 problems, seeds 0-2: 0.30-0.37), and TROLL raises it fast (seed 0, 1,000
+    problems: 0.30 -> 0.70 at step 50 with two torch threads, 0.32 -> 0.68 with one)."""
     cfg = Config.from_args(
         ["--preset", "tiny-cpu", "--out", str(tmp_path / "run"), "--steps", "50", "--eval_size", "500"]
     )
@@ -193,7 +194,7 @@ def test_tiny_cpu_run_learns(tmp_path):
     print(f"\ntiny-cpu: eval {summary['eval_before']:.3f} -> {summary['eval_after']:.3f}")
     assert summary["sft_reached"] and summary["sft_probe_acc"] >= cfg.sft_target
     assert 0.2 < summary["eval_before"] < 0.5  # held-out accuracy lands near the probe's target
-    assert summary["eval_after"] > summary["eval_before"] + 0.05
+    assert summary["eval_after"] > summary["eval_before"] + 0.2
 
 
 def test_plot_overlays_runs(tmp_path):

@@ -24,10 +24,11 @@ Choices:
   yes/no), and `X | None` (the word `none` gives None).
 
 Presets:
-    tiny-cpu            (the defaults) 2-digit addition, a 0.59M-parameter Llama built locally, a supervised
-                        warm-start (batches of 128, lr 1e-3) that stops once greedy decoding solves 30% of 1,024
-                        training problems (troll.warmstart: ~120-250 steps), then 300 TROLL steps at lr 1e-4, 2
-                        minibatches; under two minutes on two idle CPU cores (README, Results).
+    tiny-cpu            (the defaults) 2-digit addition, the sum written least-significant digit first
+                        (troll.addition), a 0.59M-parameter Llama built locally, a supervised warm-start (batches
+                        of 128, lr 1e-3) that stops once greedy decoding solves 30% of 1,024 training problems
+                        (troll.warmstart: ~270-450 steps), then 250 TROLL steps at lr 1e-4, 2 minibatches; under
+                        two minutes on two idle CPU cores (README, Results).
     gsm8k-qwen2.5-0.5b  GSM8K on one 24-80 GB GPU: the paper's defaults (docs/algorithm.md, section 8)
     gsm8k-qwen3-0.6b    scaled down: lr 1e-6 constant, grad-clip 1, 8 samples per prompt, 64 prompts per step
                         split into 4 optimiser steps, eps 0.05, alpha 1, K 64, delta 1e-5, vLLM rollouts, bf16;
@@ -72,6 +73,7 @@ SEQUENCE_LEVEL_LOSSES = ("troll", "ppo_clip")  # the losses with a GSPO (level="
 class Config:
     # what to train
     task: str = "addition"  # the task: addition (tiny CPU task) or gsm8k
+    reverse_sum: bool = True  # addition: the sum's digits least-significant first ("04+85=" -> "980"; troll.addition)
     model: str = "tiny"  # "tiny" builds the local tiny Llama; otherwise a hub name or a local HF directory
     data: str = "openai/gsm8k"  # GSM8K source: hub name or a folder with {train,test}.jsonl
     chat: bool = False  # GSM8K prompts through the tokenizer's chat template (instruct models)
@@ -98,7 +100,7 @@ class Config:
     temperature: float = 1.0  # sampling temperature (> 0; the trainer scores with the same one)
     vllm_gpu_memory: float = 0.3  # vLLM's GPU memory fraction, in (0, 1] (GPU only)
     # optimisation
-    steps: int = 300  # RL steps
+    steps: int = 250  # RL steps
     minibatches: int = 2  # optimiser steps per pass over the step's samples (split into this many parts)
     epochs: int = 1  # passes over each RL step's samples (PPO's update epochs, TRL's num_iterations), reshuffled
     micro_batch_tokens: int = 4096  # padded tokens per forward (gradient accumulation); auto: the most the GPU fits

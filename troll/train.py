@@ -111,7 +111,8 @@ class Task:
 def load_task(cfg: Config, tokenizer: Any) -> tuple[Task, dict[str, int]]:
     """The task's data, prompt template and reward; prompts longer than max_prompt_len are dropped (counted)."""
     if cfg.task == "addition":
-        task = Task(addition.problems("train"), addition.problems("test"), lambda q: q, addition.reward)
+        train, test = (addition.problems(split, reverse=cfg.reverse_sum) for split in ("train", "test"))
+        task = Task(train, test, lambda q: q, addition.reward)
     else:
         task = Task(
             gsm8k.load_gsm8k("train", cfg.data),

@@ -1,0 +1,34 @@
+"""The tiny addition task (troll.addition): splits, answer formats and the reward, against sums computed here."""
+
+from __future__ import annotations
+
+import pytest
+
+from troll import addition
+
+
+@pytest.mark.parametrize("reverse", [True, False])
+def test_every_answer_is_the_sum_in_the_chosen_digit_order(reverse):
+    for split in ("train", "test"):
+        for row in addition.problems(split, reverse=reverse):
+            a, b = row["question"].removesuffix("=").split("+")
+            written = str(int(a) + int(b)).zfill(3)
+            assert len(a) == len(b) == 2 and row["question"].endswith("=")
+            assert row["answer"] == row["gold"] == (written[::-1] if reverse else written)
+
+
+def test_reversed_is_the_default_and_the_splits_partition_all_pairs():
+    assert addition.problems("test")[0] == addition.problems("test", reverse=True)[0]
+    assert {"question": "04+85=", "answer": "980", "gold": "980"} in addition.problems("train") + addition.problems(
+        "test"
+    )
+    train, test = ({r["question"] for r in addition.problems(s)} for s in ("train", "test"))
+    assert (len(train), len(test)) == (9000, addition.N_TEST) and not train & test
+    assert train | test == {f"{a:02d}+{b:02d}=" for a in range(100) for b in range(100)}
+    with pytest.raises(ValueError, match="split"):
+        addition.problems("validation")
+
+
+def test_reward_is_an_exact_match_after_stripping():
+    assert addition.reward("980", "980") == addition.reward(" 980 ", "980") == 1.0
+    assert addition.reward("089", "980") == addition.reward("98", "980") == addition.reward("9800", "980") == 0.0
