@@ -5,6 +5,7 @@ annotations."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import subprocess
 import sys
@@ -166,13 +167,21 @@ def test_config_itself_rejects_bad_values():
         Config(loss="cispo", level="sequence")
 
 
-def test_load_names_unknown_fields(tmp_path):
+def test_load_names_unknown_and_missing_fields(tmp_path, capsys):
     path = tmp_path / "config.json"
     Config().save(path)
     assert Config.load(path) == Config()
+    saved = json.loads(path.read_text())
     path.write_text(path.read_text().replace('"seed"', '"sede"'))
     with pytest.raises(ValueError, match="unknown config fields \\['sede'\\]"):
         Config.load(path)
+    del saved["reverse_sum"]  # a config from before the field existed: its default may not be what the run used
+    path.write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match="missing config fields \\['reverse_sum'\\]"):
+        Config.load(path)
+    with pytest.raises(SystemExit):  # resuming such a run is an argparse error, before any work
+        Config.from_args(["--out", str(tmp_path), "--resume", "true"])
+    assert "missing config fields" in capsys.readouterr().err
 
 
 def test_field_types_come_from_the_annotations(capsys):

@@ -5,7 +5,8 @@
 
 Every field is a flag (`--lr 1e-6`, `--bf16 true`, `--level sequence`). A preset sets a group of fields; flags
 win over it. The resolved config is written to `<out>/config.json`, and `--resume true` reads it back from there
-(flags given with it still win).
+(flags given with it still win; a saved config must name every field, so a run never resumes under defaults it did
+not use).
 
 Choices:
 - `Config()`'s own defaults ARE the `tiny-cpu` preset (README's main command), so a test building `Config(...)`
@@ -189,9 +190,15 @@ class Config:
     @classmethod
     def load(cls, path: Path) -> Config:
         data = json.loads(Path(path).read_text())
-        unknown = sorted(set(data) - {f.name for f in fields(cls)})
+        names = {f.name for f in fields(cls)}
+        unknown, missing = sorted(set(data) - names), sorted(names - set(data))
         if unknown:
             raise ValueError(f"{path}: unknown config fields {unknown}")
+        if missing:  # today's defaults could differ from what the run used (reverse_sum once did)
+            raise ValueError(
+                f"{path}: missing config fields {missing} (written by an older troll? add them with the values the "
+                "run used)"
+            )
         return cls(**data)
 
 
