@@ -47,10 +47,11 @@ import shutil
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from multiprocessing import get_context
 from pathlib import Path
 
+from troll import plot
 from troll.config import Config
 
 VARIANTS: dict[str, dict] = {
@@ -116,7 +117,7 @@ def config(run: Run, args: argparse.Namespace) -> Config:
 def collect(run: Run, out: Path) -> dict:
     """One results row from a finished run directory."""
     summary = json.loads((out / "summary.json").read_text())
-    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    metrics = plot.read_metrics(out)
     steps = [m for m in metrics if "eval_acc" not in m]
 
     def per_step(key: str) -> list[float]:
@@ -150,9 +151,7 @@ def collect(run: Run, out: Path) -> dict:
 
 def read_results(path: Path) -> dict[str, dict]:
     """The results file's rows by run name (empty when there is no file)."""
-    if not path.is_file():
-        return {}
-    return {r["name"]: r for r in map(json.loads, path.read_text().splitlines()) if r}
+    return {r["name"]: r for r in plot.read_results(path)} if path.is_file() else {}
 
 
 def merge_results(path: Path, new: Sequence[dict]) -> None:
@@ -174,15 +173,13 @@ def _init_worker(threads: int) -> None:
 
 def execute(run: Run, cfg: Config) -> dict:
     """Train one run in this (worker) process, its output to <out>/log.txt; returns its results row."""
-    import dataclasses
-
     from troll.train import train
 
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     resume = (out / "checkpoints" / "latest").is_file()
     with open(out / "log.txt", "a") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-        train(dataclasses.replace(cfg, resume=resume))
+        train(replace(cfg, resume=resume))
     shutil.rmtree(out / "checkpoints", ignore_errors=True)
     return collect(run, out)
 
@@ -202,16 +199,14 @@ def calibrate(args: argparse.Namespace) -> None:
     """Time one run of the heaviest pass (the most minibatches, 1 epoch, troll-paper) into calibration.json."""
     mb = max(m for m, _ in args.off_policy)
     run = Run("troll-paper" if "troll-paper" in args.variants else args.variants[0], args.lrs[0], mb, 1, 0)
-    cfg = config(run, args)
-    cfg = Config(**(asdict(cfg) | {"out": str(Path(args.out) / f"calibration-{run.name}")}))
+    cfg = replace(config(run, args), out=str(Path(args.out) / f"calibration-{run.name}"))
     if Path(cfg.out).exists():
         shutil.rmtree(cfg.out)
     with ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=_init_worker, initargs=(0,)) as pool:
         t0 = time.time()
         row = pool.submit(execute, run, cfg).result()
         wall = time.time() - t0
-    metrics = [json.loads(x) for x in (Path(cfg.out) / "metrics.jsonl").read_text().splitlines()]
-    steps = [m for m in metrics if "time_update" in m]
+    steps = [m for m in plot.read_metrics(cfg.out) if "time_update" in m]
     step_s = sum(sum(v for k, v in m.items() if k.startswith("time_")) for m in steps) / len(steps)
     update_s = sum(m["time_update"] for m in steps) / len(steps)
     cal = {

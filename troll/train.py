@@ -422,8 +422,8 @@ def auto_micro_batch(cfg: Config, device: torch.device) -> int:
 def train(cfg: Config) -> dict:
     """Run (or resume) the RL loop of `cfg`; returns the summary written to <out>/summary.json."""
     t_start, out = time.time(), Path(cfg.out)
-    if logger_missing(cfg.log_to):  # before any work, as the command line does
-        raise ImportError(logger_missing(cfg.log_to))
+    if missing := logger_missing(cfg.log_to):  # before any work, as the command line does
+        raise ImportError(missing)
     auto = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(auto if cfg.device == "auto" else cfg.device)
     if cfg.resume:
