@@ -1,12 +1,20 @@
-"""The run directory's files: atomic checkpoints, the `latest` pointer, and the JSONL logs.
+"""The run directory's files, written so that a crash at any moment leaves the previous complete state.
 
     out/checkpoints/step-NNNNNN/   HF `save_pretrained` (model + tokenizer: loadable by troll.evaluate and vLLM)
                                    + trainer.pt {optimizer, scheduler, step, ...the run's state}
     out/checkpoints/latest         the name of the newest complete checkpoint
     out/metrics.jsonl, samples.jsonl   one JSON object per line, each with a "step"
+    out/config.json, summary.json  JSON objects
 
-A checkpoint is written to a temporary folder and renamed into place, and `latest` is replaced atomically
-(write, then rename), so a crash during a save never damages the last good checkpoint. The last two are kept.
+- A checkpoint is written to a temporary folder and renamed into place, then `latest` is replaced (write, then
+  rename): a crash during a save never damages the last good checkpoint. The last two are kept.
+- `complete_checkpoints` lists the checkpoints newest first (`latest` first); `check_checkpoint` names the first
+  damaged or missing file of one (a truncated trainer.pt or safetensors file, missing tokenizer files), so resume
+  can fall back to the older one and say why.
+- JSON files are written through a temporary file and a rename (`write_json`, `rewrite_jsonl`). JSONL logs are
+  appended a line at a time and flushed to disk; `read_jsonl` tolerates a torn last line (a crash or a full disk
+  during an append), says so, and with `repair=True` rewrites the file without it. A bad line before the last is
+  a ValueError naming the file and line.
 """
 
 from __future__ import annotations
@@ -14,11 +22,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import struct
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+
+WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+TOKENIZER = ("tokenizer.json", "tokenizer_config.json")
 
 
 def save_checkpoint(out: Path, model: Any, tokenizer: Any, opt: Any, sched: Any, state: dict) -> Path:
@@ -33,31 +46,111 @@ def save_checkpoint(out: Path, model: Any, tokenizer: Any, opt: Any, sched: Any,
     torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), **state}, tmp / "trainer.pt")
     shutil.rmtree(root / name, ignore_errors=True)
     os.replace(tmp, root / name)
-    (root / "latest.tmp").write_text(name)
-    os.replace(root / "latest.tmp", root / "latest")
+    _write_atomic(root / "latest", name)
     for old in sorted(p for p in root.glob("step-*") if p.name != name)[:-1]:
         shutil.rmtree(old, ignore_errors=True)
     return root / name
 
 
-def latest_checkpoint(out: Path) -> Path:
-    """The folder `checkpoints/latest` names; a clear error when it is missing or incomplete."""
-    pointer = out / "checkpoints" / "latest"
-    if not pointer.is_file():
-        raise FileNotFoundError(f"no checkpoint to resume from: {pointer} does not exist")
-    ckpt = out / "checkpoints" / pointer.read_text().strip()
-    missing = [f for f in ("trainer.pt", "config.json") if not (ckpt / f).is_file()]
-    if missing:
-        raise FileNotFoundError(f"checkpoint {ckpt} is incomplete or corrupt (missing {', '.join(missing)})")
-    return ckpt
+def complete_checkpoints(out: Path) -> list[Path]:
+    """Checkpoint folders of `out`, newest first: the one `latest` names, then the other step-* folders."""
+    root = out / "checkpoints"
+    steps = sorted(root.glob("step-*"), reverse=True) if root.is_dir() else []
+    pointer = root / "latest"
+    first = root / pointer.read_text().strip() if pointer.is_file() else None
+    return ([first] if first in steps else []) + [p for p in steps if p != first]
+
+
+def check_checkpoint(ckpt: Path) -> str | None:
+    """Why checkpoint folder `ckpt` cannot be resumed from (naming the file), or None if it is whole."""
+    if not (ckpt / "trainer.pt").is_file() or not (ckpt / "config.json").is_file():
+        return f"{ckpt}: trainer.pt or config.json is missing"
+    if not any((ckpt / f).is_file() for f in WEIGHTS):
+        return f"{ckpt}: no model weights ({' or '.join(WEIGHTS)})"
+    if not any((ckpt / f).is_file() for f in TOKENIZER):
+        return f"{ckpt}: no tokenizer files ({' or '.join(TOKENIZER)})"
+    if (ckpt / "model.safetensors").is_file() and (problem := _safetensors_problem(ckpt / "model.safetensors")):
+        return problem
+    try:
+        load_trainer_state(ckpt)
+    except Exception as e:  # torch.load raises several types on a damaged file
+        return f"{ckpt / 'trainer.pt'} cannot be read ({type(e).__name__}: {str(e).splitlines()[0][:120]})"
+    return None
+
+
+def load_trainer_state(ckpt: Path) -> dict:
+    """trainer.pt of a checkpoint: {optimizer, scheduler, step, ...the run's state}."""
+    return torch.load(ckpt / "trainer.pt", weights_only=False)
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    """A safetensors file is an 8-byte header length, a JSON header and the tensor bytes it lists: check that the
+    header parses and the file holds every byte it lists (a truncated copy does not)."""
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(n)) if 8 + n <= size else None
+    except (struct.error, ValueError, UnicodeDecodeError):
+        header = None
+    if not isinstance(header, dict):
+        return f"{path} is damaged (its header cannot be read)"
+    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    if 8 + n + end > size:
+        return f"{path} is truncated ({size} bytes, its header lists {8 + n + end})"
+    return None
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write `text` to a temporary file beside `path`, flush it to disk, and rename it over `path`."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    _write_atomic(path, json.dumps(obj, indent=2) + "\n")
 
 
 def append_jsonl(path: Path, rows: Sequence[dict]) -> None:
+    """Append one line per row and flush it to disk."""
     with open(path, "a") as f:
         f.writelines(json.dumps(row) + "\n" for row in rows)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_jsonl(path: Path, repair: bool = False) -> list[dict]:
+    """The rows of a JSONL log. A last line that does not parse (torn by a crash or a full disk) is dropped with a
+    warning and, with `repair`, removed from the file; any other bad line is a ValueError naming file and line."""
+    rows: list[dict] = []
+    lines = Path(path).read_bytes().split(b"\n") if Path(path).exists() else []
+    if lines and lines[-1] == b"":
+        lines.pop()
+    for i, line in enumerate(lines):
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as e:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
+            if i < len(lines) - 1:
+                raise ValueError(f"{path}, line {i + 1}: {e}") from None
+            warnings.warn(f"{path}: dropped a torn last line {i + 1} (a crash during a write)", stacklevel=2)
+            if repair:
+                rewrite_jsonl(Path(path), rows)
+            break
+        rows.append(row)
+    return rows
+
+
+def rewrite_jsonl(path: Path, rows: Sequence[dict]) -> None:
+    """Replace the file by `rows`, atomically."""
+    _write_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
 
 
 def truncate_jsonl(path: Path, step: int) -> None:
-    """Keep only the rows of steps <= step (resume: later rows are written again)."""
-    lines = path.read_text().splitlines() if path.exists() else []
-    path.write_text("".join(ln + "\n" for ln in lines if json.loads(ln)["step"] <= step))
+    """Keep only the rows of steps <= step (resume: later rows are written again); atomic."""
+    rewrite_jsonl(path, [r for r in read_jsonl(path) if r.get("step", 0) <= step])

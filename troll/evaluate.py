@@ -18,34 +18,13 @@ import argparse
 import importlib.util
 import json
 import time
-from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from troll.rollout import Generator, HFGenerator
-
-
-def encode(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
-    """Token ids of prompts that already hold any special tokens they need (chat templates do)."""
-    return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-
-
-def decode(tokenizer: Any, seqs: Sequence[Sequence[int]]) -> list[str]:
-    """Completion texts of token id sequences, special tokens (EOS, padding) removed."""
-    return tokenizer.batch_decode([list(ids) for ids in seqs], skip_special_tokens=True)
-
-
-def score(
-    rows: Sequence[dict], completions: Sequence[str], reward_fn: Callable[[str, str], float]
-) -> tuple[float, list[dict]]:
-    """Accuracy in [0, 1] and one record per problem."""
-    records = [
-        {"question": r["question"], "gold": r["gold"], "completion": c, "reward": reward_fn(c, r["gold"])}
-        for r, c in zip(rows, completions, strict=True)
-    ]
-    return (sum(x["reward"] for x in records) / max(len(records), 1)), records
+from troll.task import decode, encode, score
 
 
 def greedy_generator(backend: str, model_path: str, tokenizer: Any, max_model_len: int) -> Generator:

@@ -2,6 +2,7 @@
 
     model, tokenizer = build_model(cfg, device)                   # tiny local Llama, or a HF model / directory
     logits = completion_logits(model, prompt_ids, completion_ids, temperature, len(tokenizer))   # [B, T, V]
+    logits = rollout_logits(model, ro, rows, len(tokenizer))      # the same for samples `rows` of rollouts `ro`
     logits = packed_logits(model, ids, attn, T, temperature, vocab_size)                         # already packed
     head = packed_logits(model, ids, attn, T, temperature, vocab_size, chunk_rows=1024)          # head.LMHead
 
@@ -45,6 +46,7 @@ from troll.head import LMHead, Logits
 
 if TYPE_CHECKING:
     from troll.config import Config
+    from troll.rollout import Rollouts
 
 TINY = dict(hidden=128, layers=2, heads=4)  # the tiny-cpu preset's model: 0.59M parameters
 
@@ -119,6 +121,17 @@ def completion_logits(
     """
     ids, attn = pack(prompt_ids, completion_ids)
     return packed_logits(model, ids, attn, completion_ids.shape[1], temperature, vocab_size, chunk_rows)
+
+
+def rollout_logits(
+    model: Any, ro: Rollouts, rows: Tensor, vocab_size: int, chunk_rows: int = 0, bf16: bool = False
+) -> Logits:
+    """`completion_logits` of samples `rows` ([b] long) of rollouts `ro` at their sampling temperature: [b, T, V]
+    (or an `LMHead` with chunk_rows > 0), the forward under bf16 autocast when `bf16`."""
+    device = next(model.parameters()).device
+    prompts = [ro.prompt_ids[i] for i in rows.tolist()]
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+        return completion_logits(model, prompts, ro.completion_ids[rows], ro.temperature, vocab_size, chunk_rows)
 
 
 def packed_logits(

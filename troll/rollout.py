@@ -22,7 +22,9 @@ are contiguous):
     group            [B]       long   index of the prompt each sample came from
     temperature      float            the temperature the samples were drawn at
 
-Padding positions hold id 0 and log-prob 0.0: always use `completion_mask`.
+Padding positions hold id 0 and log-prob 0.0, and their top-K is a one-hot distribution on id 0 (top_idx 0,
+top_logp [0, -inf, ...]), so every position is a valid distribution for `sparse.sparsify_topk`; losses and
+metrics still use `completion_mask`.
 
 Log-probs describe exactly the distribution that was sampled, and the trainer recomputes the same
 quantity with `policy.completion_logits` (then `log_softmax`):
@@ -74,6 +76,14 @@ class Rollouts:
 
     def __len__(self) -> int:
         return len(self.prompt_ids)
+
+    def micro_batches(self, max_tokens: int, rows: Tensor | None = None) -> list[Tensor]:
+        """Split sample indices `rows` (default: all) into chunks of at most max_tokens padded tokens (prompt +
+        completion columns) each, at least one sample per chunk."""
+        rows = torch.arange(len(self)) if rows is None else rows
+        width = max(len(p) for p in self.prompt_ids) + self.completion_ids.shape[1]
+        per = max(1, max_tokens // width)
+        return [rows[i : i + per] for i in range(0, len(rows), per)]
 
     def select(self, idx: Tensor) -> Rollouts:
         """Samples `idx` ([b] long), e.g. a micro-batch; T is kept."""
@@ -156,7 +166,9 @@ def to_rollouts(
     lp = torch.zeros((B, T), dtype=torch.float32)
     K = 0 if top_idx is None else top_idx[0].shape[-1]
     t_idx = torch.zeros((B, T, K), dtype=torch.long) if top_idx is not None else None
-    t_lp = torch.zeros((B, T, K), dtype=torch.float32) if top_logp is not None else None
+    t_lp = torch.full((B, T, K), -torch.inf) if top_logp is not None else None
+    if t_lp is not None and K > 0:
+        t_lp[..., 0] = 0.0  # padding: a one-hot on id 0 (module docstring)
     for b, c in enumerate(completions):
         ids[b, : len(c)] = torch.as_tensor(c, dtype=torch.long)
         mask[b, : len(c)] = True

@@ -80,6 +80,11 @@ class SparseDist:
         """The rows `rows` ([n] long) of this distribution, e.g. one micro-batch."""
         return self.map(lambda x: x[rows])
 
+    def samples(self, idx: Tensor, per_sample: int) -> SparseDist:
+        """The rows of samples `idx` ([b] long) when sample i holds the `per_sample` rows i * per_sample + t
+        (a [B, T] batch flattened row-major): [b * per_sample] rows, in that order."""
+        return self.select((idx[:, None] * per_sample + torch.arange(per_sample, device=idx.device)).reshape(-1))
+
     def to(self, device: torch.device | str) -> SparseDist:
         return self.map(lambda x: x.to(device))
 

@@ -34,8 +34,8 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from troll.evaluate import encode
 from troll.policy import completion_logits
+from troll.task import encode
 
 
 def answer_batch(

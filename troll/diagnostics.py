@@ -1,0 +1,62 @@
+"""Opt-in diagnostics of a run, outside the algorithm: where one RL step left the network, measured exactly.
+
+    probe = UpdateKL(cfg, vocab_size)     # troll.train builds it when vocab_size <= cfg.kl_update_vocab
+    probe.before(model, ro)               # right before the step's optimiser steps: p_old [B*T, V]
+    metrics = probe.after(model, ro)      # after them: {"kl_update_mean", "kl_update_max"}
+
+    KL(p_new || p_old) = sum_v p_new(v) (log p_new(v) - log p_old(v))     at every real completion token
+
+The losses' kl_before_* / kl_after_* see the sparse model and only during the update; this is the dense truth of
+how far the network moved in one RL step (all minibatches and epochs), over all V tokens, at the temperature the
+samples were drawn at. Ids the policy gives probability 0 (the masked padded vocabulary) add nothing.
+
+Cost: two no-grad forwards over the step's samples and B*T*V floats on CPU, so it is for small vocabularies only
+(the tiny task's 64 tokens: about 0.02 MB per step; Qwen's 151,936 would need 10 GB at 16k tokens). The study
+(study/run.py) turns it on; the main job leaves it off.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from troll.head import LMHead
+from troll.policy import rollout_logits
+from troll.rollout import Rollouts
+
+
+def dense_kl(lp: Tensor, lq: Tensor) -> Tensor:
+    """KL(p || q) per row from full log-probs [N, V] -> [N]; ids that p gives 0 add nothing."""
+    return torch.where(lp > -math.inf, lp.exp() * (lp - lq), 0.0).sum(-1)
+
+
+class UpdateKL:
+    """The exact KL of one RL step's update (module docstring). `cfg` is the run's troll.config.Config."""
+
+    def __init__(self, cfg: Any, vocab_size: int) -> None:
+        self.cfg, self.vocab_size = cfg, vocab_size
+        self.old: Tensor | None = None
+
+    def full_logp(self, model: Any, ro: Rollouts) -> Tensor:
+        """The model's log-probs over all V at every completion position of `ro`: [B*T, V] float32 on CPU."""
+        out = []
+        with torch.no_grad():
+            for rows in ro.micro_batches(self.cfg.micro_batch_tokens):
+                x = rollout_logits(model, ro, rows, self.vocab_size, self.cfg.logits_chunk, self.cfg.bf16)
+                x = x.reshape(-1, x.shape[-1])
+                x = x.logits() if isinstance(x, LMHead) else x
+                out.append(torch.log_softmax(x.float(), -1).cpu())
+        return torch.cat(out)
+
+    def before(self, model: Any, ro: Rollouts) -> None:
+        self.old = self.full_logp(model, ro)
+
+    def after(self, model: Any, ro: Rollouts) -> dict[str, float]:
+        if self.old is None:
+            raise RuntimeError("UpdateKL.after() needs before() on the same rollouts first")
+        kl = dense_kl(self.full_logp(model, ro), self.old).view(ro.completion_mask.shape)[ro.completion_mask]
+        self.old = None
+        return {"kl_update_mean": float(kl.mean()), "kl_update_max": float(kl.max())}

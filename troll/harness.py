@@ -1,0 +1,322 @@
+"""The run around the RL loop: its directory, resume, checkpoints, metrics, evaluations and summary.
+
+    run = Run.open(cfg)                       # lock <out>, start a new run or pick the checkpoint to resume from
+    ... build the model from run.checkpoint (None: fresh weights) ...
+    run.begin(acc, records, warm, model, tokenizer, opt, sched)        # new run: step-0 evaluation, checkpoint
+    run.restore(opt, sched)                                            # resumed run: optimiser, schedule, logs
+    for step in run.steps():                                           # tqdm over the remaining RL steps
+        run.record(step, row, evaluation, model, tokenizer, opt, sched)  # log; evaluation; checkpoint when due
+    summary = run.finish()
+
+Files (troll.checkpoint writes them crash-safe): config.json (the config in force), metrics.jsonl (one row per RL
+step, one row {"step", "eval_acc"} per evaluation, the first at step 0), samples.jsonl (a few completions per
+evaluation), checkpoints/ (the last two, each with the run's state), summary.json (eval_before, eval_after = the
+last evaluation, eval_best and its step, the warm-start's record, resume changes, wall clock over all sessions),
+tensorboard/ with `--log_to tensorboard`.
+
+Rules:
+- One run per directory: a lock file (`.lock`, flock) refuses a second process on the same `out` while the first
+  lives. A new run refuses a directory holding files it would overwrite, naming them, unless they are its own
+  from an attempt killed before its first checkpoint (same config.json, no checkpoint, no summary.json): then it
+  starts again. `--resume true` with no checkpoint yet starts from the beginning too, saying so.
+- Resume continues from the newest checkpoint that is whole; a damaged one is named and the older one used.
+  Metrics and samples rows past it are dropped (the resumed run writes them again). A finished run (checkpoint
+  at `steps`, summary.json written) is left untouched. Settings listed in `CHANGEABLE` may differ on resume: they
+  take effect from that step (the learning rate given is the one used) and are recorded in summary.json's
+  `changes`; any other difference is refused, naming the fields. State saved by an older troll without every
+  key this one writes is refused, as troll.config refuses such a config.json.
+- `RunError` is a problem with the run directory that the user fixes; the command line prints it on one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from troll import memory
+from troll.checkpoint import (
+    append_jsonl,
+    check_checkpoint,
+    complete_checkpoints,
+    load_trainer_state,
+    save_checkpoint,
+    truncate_jsonl,
+    write_json,
+)
+from troll.config import Config
+from troll.metrics import Logger
+
+RUN_FILES = ("config.json", "metrics.jsonl", "samples.jsonl", "summary.json", "checkpoints")
+CHANGEABLE = (  # settings that may differ on resume (nothing else may)
+    "steps", "lr", "eval_every", "save_every", "samples_to_log", "log_to", "micro_batch_tokens",
+    "grad_checkpointing", "kl_update_vocab", "device", "backend", "vllm_gpu_memory",
+)  # fmt: skip
+STATE_KEYS = ("step", "eval_before", "eval_after", "eval_best", "eval_best_step", "skipped_steps", "changes")
+
+
+class RunError(Exception):
+    """A problem with the run directory that the user must resolve; the message says how."""
+
+
+def device_of(cfg: Config) -> torch.device:
+    auto = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(auto if cfg.device == "auto" else cfg.device)
+
+
+def auto_micro_batch(cfg: Config, device: torch.device) -> int:
+    """`--micro_batch_tokens auto`: the largest micro-batch troll.memory's fitted model says this GPU holds (beside
+    vLLM's share, with the chunked output layer if `logits_chunk`); on CPU the field's default."""
+    if device.type != "cuda":
+        return Config.micro_batch_tokens
+    gib = torch.cuda.get_device_properties(device).total_memory / memory.GIB
+    vllm = cfg.vllm_gpu_memory if cfg.backend == "vllm" else 0.0
+    return memory.micro_batch_tokens(cfg.model, gib, vllm, cfg.grad_checkpointing, chunked=cfg.logits_chunk > 0)
+
+
+class Run:
+    """One run directory, held (locked) by this process from `open` to `finish`."""
+
+    def __init__(self, cfg: Config, lock: Any, checkpoint: Path | None, state: dict | None) -> None:
+        self.cfg, self.out, self.lock = cfg, Path(cfg.out), lock
+        self.checkpoint, self.state = checkpoint, state
+        self.device = device_of(cfg)
+        self.t_start = time.time() - (state or {}).get("wall_clock_s", 0.0)
+        self.metrics, self.samples = self.out / "metrics.jsonl", self.out / "samples.jsonl"
+        self.logger: Logger | None = None
+        self.bar: Any = None
+
+    # ------------------------------------------------------------------ opening: new, restarted or resumed
+
+    @classmethod
+    def open(cls, cfg: Config) -> Run:
+        out = Path(cfg.out)
+        out.mkdir(parents=True, exist_ok=True)
+        lock = _lock(out)
+        try:
+            checkpoint, state = _pick_checkpoint(cfg, out) if cfg.resume else (None, None)
+            if state is None:
+                _check_fresh(cfg, out)
+            else:
+                cfg = _resumed_config(cfg, out, state)
+        except BaseException:
+            lock.close()
+            raise
+        if cfg.micro_batch_tokens == 0:
+            cfg = dataclasses.replace(cfg, micro_batch_tokens=auto_micro_batch(cfg, device_of(cfg)))
+            print(f"micro_batch_tokens auto: {cfg.micro_batch_tokens}")
+        run = cls(cfg, lock, checkpoint, state)
+        if not run.finished:
+            write_json(out / "config.json", dataclasses.asdict(cfg))
+        return run
+
+    @property
+    def finished(self) -> bool:
+        return self.state is not None and self.state["step"] >= self.cfg.steps and (self.out / "summary.json").exists()
+
+    def summary(self) -> dict:
+        """A finished run's summary.json, untouched."""
+        print(f"{self.out} finished at step {self.state['step']} (--steps {self.cfg.steps}): nothing to do")
+        self.lock.close()
+        return read_json_object(self.out / "summary.json")
+
+    # ------------------------------------------------------------------ the first step, or the restored one
+
+    def begin(self, acc: float, records: list[dict], extra: dict, model: Any, tokenizer: Any, opt: Any, sched: Any):
+        """A new run: the evaluation before RL (step 0), the state with `extra` (warm-start record, dropped
+        prompts), and the step-0 checkpoint."""
+        for path in (self.metrics, self.samples):
+            path.write_text("")
+        self.state = {"step": 0, "eval_before": acc, "eval_after": acc, "eval_best": acc, "eval_best_step": 0}
+        self.state |= {"skipped_steps": 0, "changes": [], **extra}
+        self._open_logger()
+        self._log([{"step": 0, "eval_acc": acc}], [{"step": 0, **r} for r in records[: self.cfg.samples_to_log]])
+        self._save(model, tokenizer, opt, sched)
+
+    def restore(self, opt: Any, sched: Any) -> None:
+        """A resumed run: optimiser and schedule from the checkpoint, at the learning rate in force now; logs cut
+        back to the checkpoint's step."""
+        opt.load_state_dict(self.state.pop("optimizer"))
+        sched.load_state_dict(self.state.pop("scheduler"))
+        sched.base_lrs = [self.cfg.lr for _ in sched.base_lrs]  # a changed --lr takes effect from this step
+        for group, factor in zip(opt.param_groups, sched.lr_lambdas, strict=True):
+            group["lr"], group["initial_lr"] = self.cfg.lr * factor(sched.last_epoch), self.cfg.lr
+        sched._last_lr = [g["lr"] for g in opt.param_groups]
+        for path in (self.metrics, self.samples):
+            truncate_jsonl(path, self.state["step"])
+        self._open_logger()
+
+    # ------------------------------------------------------------------ the loop
+
+    def steps(self) -> Iterator[int]:
+        print(f"eval before RL: {self.state['eval_before']:.3f}")
+        start, total = self.state["step"], self.cfg.steps
+        self.bar = tqdm(range(start, total), desc=f"rl/{self.cfg.loss}", initial=start, total=total)
+        return iter(self.bar)
+
+    def eval_due(self, step: int) -> bool:
+        return (step + 1) % self.cfg.eval_every == 0 or step + 1 == self.cfg.steps
+
+    def record(
+        self,
+        step: int,
+        row: dict,
+        evaluation: tuple[float, list[dict]] | None,
+        model: Any,
+        tokenizer: Any,
+        opt: Any,
+        sched: Any,
+    ) -> None:
+        """Log step `step`'s metrics row and its evaluation (if any); checkpoint when due."""
+        s = self.state
+        s["step"], s["skipped_steps"] = step + 1, s["skipped_steps"] + row["skipped"]
+        rows, samples = [row], []
+        if evaluation is not None:
+            acc, records = evaluation
+            rows.append({"step": step + 1, "eval_acc": acc})
+            samples = [{"step": step + 1, **r} for r in records[: self.cfg.samples_to_log]]
+            s["eval_after"] = acc
+            if acc > s["eval_best"]:
+                s["eval_best"], s["eval_best_step"] = acc, step + 1
+        self._log(rows, samples)
+        unconverged = row.get("dual_frac_unconverged", 0.0)
+        self.bar.set_postfix(
+            reward=f"{row['reward']:.2f}", acc=f"{s['eval_after']:.2f}", kl=f"{row['kl_after_max']:.3f}",
+            **({"UNCONVERGED": f"{unconverged:.2g}"} if unconverged else {}),
+        )  # fmt: skip
+        if (step + 1) % self.cfg.save_every == 0 or step + 1 == self.cfg.steps:
+            self._save(model, tokenizer, opt, sched)
+
+    def finish(self, eval_problems: int) -> dict:
+        """Write summary.json, release the directory; returns the summary."""
+        self.logger.close()
+        summary = {k: v for k, v in self.state.items() if k != "step"}
+        summary |= {"wall_clock_s": round(time.time() - self.t_start, 1), "steps": self.cfg.steps}
+        summary |= {"loss": self.cfg.loss, "seed": self.cfg.seed, "eval_problems": eval_problems}
+        write_json(self.out / "summary.json", summary)
+        self.lock.close()
+        print(
+            f"eval: {summary['eval_before']:.3f} -> {summary['eval_after']:.3f} (best {summary['eval_best']:.3f} at "
+            f"step {summary['eval_best_step']}) in {summary['wall_clock_s']} s; {self.out / 'summary.json'}"
+        )
+        return summary
+
+    # ------------------------------------------------------------------ internals
+
+    def _open_logger(self) -> None:
+        self.logger = Logger(self.cfg.log_to, self.out, dataclasses.asdict(self.cfg))
+
+    def _log(self, rows: list[dict], samples: list[dict]) -> None:
+        append_jsonl(self.metrics, rows)
+        if samples:
+            append_jsonl(self.samples, samples)
+        for r in rows:
+            self.logger.log(r)
+
+    def _save(self, model: Any, tokenizer: Any, opt: Any, sched: Any) -> None:
+        state = self.state | {"wall_clock_s": time.time() - self.t_start}
+        save_checkpoint(self.out, model, tokenizer, opt, sched, state)
+
+
+def read_json_object(path: Path) -> dict:
+    try:
+        obj = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise RunError(f"{path} cannot be read ({e})") from None
+    if not isinstance(obj, dict):
+        raise RunError(f"{path} does not hold a JSON object")
+    return obj
+
+
+def _lock(out: Path) -> Any:
+    """An exclusive lock on <out>/.lock for this process's lifetime (released when the file is closed)."""
+    f = open(out / ".lock", "a+")  # noqa: SIM115 (held open until the run ends)
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as e:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        message = f"{out} is in use by a running troll.train ({holder}): wait for it, or choose another --out"
+        raise RunError(message) from e
+    f.seek(0)
+    f.truncate()
+    f.write(f"pid {os.getpid()}\n")
+    f.flush()
+    return f
+
+
+def _same_run(cfg: Config, out: Path) -> bool:
+    """Whether <out>/config.json is this config (the same run, whatever --resume says)."""
+    try:
+        saved = Config.load(out / "config.json")
+    except (OSError, ValueError):
+        return False
+    return dataclasses.replace(saved, resume=cfg.resume) == cfg
+
+
+def _check_fresh(cfg: Config, out: Path) -> None:
+    """A new run may start in `out` if nothing there would be overwritten, or if the files are this run's own from
+    an attempt killed before its first checkpoint."""
+    present = [name for name in RUN_FILES if (out / name).exists()]
+    if not present:
+        return
+    has_checkpoint = bool(complete_checkpoints(out))
+    if has_checkpoint and not cfg.resume:
+        raise RunError(f"{out} already holds a run: pass --resume true to continue it, or choose another --out")
+    if not has_checkpoint and "summary.json" not in present and _same_run(cfg, out):
+        print(f"{out}: a run with this config stopped before its first checkpoint; starting it from the beginning")
+        shutil.rmtree(out / "checkpoints", ignore_errors=True)
+        return
+    raise RunError(
+        f"{out} holds files this run would overwrite ({', '.join(present)}) and no checkpoint of this config: "
+        "choose another --out, or remove them"
+    )
+
+
+def _pick_checkpoint(cfg: Config, out: Path) -> tuple[Path | None, dict | None]:
+    """The newest whole checkpoint and its state; a damaged one is named and skipped. (None, None) when there is
+    no checkpoint yet."""
+    candidates = complete_checkpoints(out)
+    for ckpt in candidates:
+        problem = check_checkpoint(ckpt)
+        if problem is None:
+            if ckpt != candidates[0]:
+                print(f"resuming from the older checkpoint {ckpt}")
+            state = load_trainer_state(ckpt)
+            missing = [k for k in STATE_KEYS if k not in state]
+            if missing:
+                raise RunError(
+                    f"{ckpt / 'trainer.pt'} lacks {missing} (written by an older troll): finish that run with the "
+                    "troll that started it, or start a new one"
+                )
+            return ckpt, state
+        print(f"checkpoint damaged: {problem}")
+    if candidates:
+        raise RunError(f"no checkpoint in {out / 'checkpoints'} is whole (see above): start a new run")
+    print(f"{out}: no checkpoint yet, starting the run from the beginning")
+    return None, None
+
+
+def _resumed_config(cfg: Config, out: Path, state: dict) -> Config:
+    """`cfg` checked against the run's saved config: only CHANGEABLE fields may differ; their changes are recorded
+    in the state from this step on."""
+    saved = dataclasses.asdict(Config.load(out / "config.json"))
+    changed = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "resume" and saved[k] != v}
+    fixed = sorted(set(changed) - set(CHANGEABLE))
+    if fixed:
+        was = ", ".join(f"{k}={saved[k]!r} (given {changed[k]!r})" for k in fixed)
+        raise RunError(f"cannot change on resume: {was}; start a new run (another --out) to change them")
+    if changed:
+        print(f"resuming at step {state['step']} with " + ", ".join(f"{k}={v!r}" for k, v in changed.items()))
+        state["changes"] = [*state["changes"], {"step": state["step"], **changed}]
+    return cfg

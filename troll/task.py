@@ -1,0 +1,83 @@
+"""The task an RL run trains on: problems, a prompt template, a reward, and the text <-> token plumbing around them.
+
+    task = load_task(cfg, tokenizer)               # Task(train, test, prompt, reward), prompts too long dropped
+    ids = encode(tokenizer, [task.prompt(r["question"]) for r in rows])
+    texts = decode(tokenizer, completion_ids)      # special tokens (EOS, padding) removed
+    acc, records = evaluate(generator, tokenizer, task, max_new_tokens)   # greedy pass@1 on task.test
+
+Rows are dicts {question, answer (reference solution), gold (the final answer)}. Two tasks: `addition`
+(troll.addition, the tiny CPU task) and `gsm8k` (troll.gsm8k). The reward maps (completion text, gold) to 0.0 or
+1.0. Training, the supervised warm-start and troll.evaluate all go through these functions, so a prompt is
+tokenised, a completion decoded and a problem scored the same way everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from troll import addition, gsm8k
+from troll.rollout import Generator
+
+
+@dataclass
+class Task:
+    train: list[dict]  # rows with question, answer, gold
+    test: list[dict]
+    prompt: Callable[[str], str]  # question -> prompt text (special tokens included)
+    reward: Callable[[str, str], float]  # (completion text, gold) -> 0.0 or 1.0
+
+
+def encode(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
+    """Token ids of prompts that already hold any special tokens they need (chat templates do)."""
+    return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+
+def decode(tokenizer: Any, seqs: Sequence[Sequence[int]]) -> list[str]:
+    """Completion texts of token id sequences, special tokens (EOS, padding) removed."""
+    return tokenizer.batch_decode([list(ids) for ids in seqs], skip_special_tokens=True)
+
+
+def score(
+    rows: Sequence[dict], completions: Sequence[str], reward_fn: Callable[[str, str], float]
+) -> tuple[float, list[dict]]:
+    """Accuracy in [0, 1] and one record {question, gold, completion, reward} per problem."""
+    records = [
+        {"question": r["question"], "gold": r["gold"], "completion": c, "reward": reward_fn(c, r["gold"])}
+        for r, c in zip(rows, completions, strict=True)
+    ]
+    return (sum(x["reward"] for x in records) / max(len(records), 1)), records
+
+
+def load_task(cfg: Any, tokenizer: Any) -> tuple[Task, dict[str, int]]:
+    """The task `cfg.task` (a troll.config.Config): its data, prompt template and reward. Prompts longer than
+    `cfg.max_prompt_len` tokens are dropped; returns the task and how many rows each split lost."""
+    if cfg.task == "addition":
+        train, test = (addition.problems(split, reverse=cfg.reverse_sum) for split in ("train", "test"))
+        task = Task(train, test, lambda q: q, addition.reward)
+    else:
+        task = Task(
+            gsm8k.load_gsm8k("train", cfg.data),
+            gsm8k.load_gsm8k("test", cfg.data),
+            lambda q: gsm8k.make_prompt(q, tokenizer, chat=cfg.chat),
+            gsm8k.reward,
+        )
+    if cfg.eval_size:
+        task.test = task.test[: cfg.eval_size]
+    dropped = {}
+    for split in ("train", "test"):
+        rows = getattr(task, split)
+        lengths = [len(ids) for ids in encode(tokenizer, [task.prompt(r["question"]) for r in rows])]
+        keep = [r for r, n in zip(rows, lengths, strict=True) if n <= cfg.max_prompt_len]
+        if not keep:
+            raise ValueError(f"every {split} prompt is longer than max_prompt_len={cfg.max_prompt_len}")
+        dropped[split] = len(rows) - len(keep)
+        setattr(task, split, keep)
+    return task, dropped
+
+
+def evaluate(generator: Generator, tokenizer: Any, task: Task, max_new_tokens: int) -> tuple[float, list[dict]]:
+    """Greedy pass@1 on the held-out problems through the rollout backend's own `greedy`, and one record each."""
+    prompts = encode(tokenizer, [task.prompt(r["question"]) for r in task.test])
+    return score(task.test, decode(tokenizer, generator.greedy(prompts, max_new_tokens)), task.reward)
