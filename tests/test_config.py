@@ -282,6 +282,7 @@ def test_load_accepts_an_int_for_a_float(tmp_path):
     [
         (None, "is not valid JSON"),  # cut in half
         ("", "is not valid JSON"),
+        (b"\xff\xfe{}", "is not valid JSON"),  # not UTF-8
         ("[1, 2]", "expected a JSON object of config fields, got list"),
         ('"tiny"', "expected a JSON object of config fields, got str"),
     ],
@@ -289,7 +290,9 @@ def test_load_accepts_an_int_for_a_float(tmp_path):
 def test_load_names_a_damaged_file(text, message, tmp_path, capsys):
     path = tmp_path / "config.json"
     Config().save(path)
-    path.write_text(path.read_text()[: len(path.read_text()) // 2] if text is None else text)
+    if text is None:
+        text = path.read_text()[: len(path.read_text()) // 2]
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
     with pytest.raises(ValueError, match=re.escape(f"{path}") + ".*" + re.escape(message)):
         Config.load(path)
     with pytest.raises(SystemExit) as exit_info:

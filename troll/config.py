@@ -199,7 +199,7 @@ class Config:
         """Read a saved config.json with the same checks as the command line; ValueError names the file."""
         try:
             data = json.loads(Path(path).read_text())
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ValueError(f"{path} is not valid JSON ({e}): a damaged config") from None
         if not isinstance(data, dict):
             raise ValueError(f"{path}: expected a JSON object of config fields, got {type(data).__name__}")
@@ -211,7 +211,7 @@ class Config:
             example = ", ".join(f"{json.dumps(name)}: {json.dumps(defaults[name])}" for name in missing)
             raise ValueError(
                 f"{path}: missing config fields {missing} (written by an older troll?): add each with the value the "
-                f"run used; today's defaults would read {example}"
+                f"run used (today's defaults: {example})"
             )
         try:
             return cls(**data)
