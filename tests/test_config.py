@@ -1,20 +1,20 @@
 """The command line and the config (troll/config.py): every bad value is an argparse error (exit 2, no traceback)
-before any work, the choices are the library's, `--help` documents every flag, and field types come from the
-annotations."""
+before any work, the choices are the library's, `--help` documents every flag, a flag's parser comes from its
+field's type, a saved config.json is read with the same checks, and loss_kwargs fits the loss functions."""
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import re
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from troll.config import CHOICES, PRESETS, Config
+from troll.config import PRESETS, Config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -76,6 +76,9 @@ BAD_FLAGS = [
     (["--loss", "dppo", "--level", "sequence"], "level=sequence .* not dppo"),
     (["--loss", "cispo", "--level", "sequence"], "level=sequence .* not cispo"),
     (["--bf16", "maybe"], "expected true/false"),
+    (["--reverse_sum", "2"], "expected true/false"),
+    (["--micro_batch_tokens", "many"], "expected an int or auto, got 'many'"),
+    (["--micro_batch_tokens", "1.5"], "expected an int or auto"),
     (["--steps", "1.5"], "invalid int value"),
     (["--eps", "abc"], "invalid float value"),
     (["--no_such_flag", "1"], "unrecognized arguments"),
@@ -114,7 +117,7 @@ def test_the_command_fails_before_any_work(tmp_path):
 
 
 def test_help_documents_every_flag_without_importing_torch():
-    """`--help` lists each field's description (its comment in config.py), default and choices, and is answered
+    """`--help` lists each field's description (declared with the field), default and choices, and is answered
     before the trainer imports torch or transformers (so it prints at once)."""
     code = (
         "import runpy, sys\n"
@@ -128,28 +131,55 @@ def test_help_documents_every_flag_without_importing_torch():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     out = " ".join(proc.stdout.split())  # argparse wraps lines
     assert "HEAVY []" in out
+    squeezed = "".join(out.split())  # argparse may also break a line after a hyphen
     for f in dataclasses.fields(Config):
-        assert f"--{f.name}" in out
+        assert f"--{f.name}" in out and f.metadata["help"] and "".join(f.metadata["help"].split()) in squeezed
     assert "--loss {troll,ppo_clip,dppo,cispo}" in out
     assert "TROLL: KL bound per token (> 0); default: 0.05" in out
     assert "--bf16 {true,false}" in out and "bf16 autocast (GPU); default: false" in out
     assert "--support {rest,paper}" in out and "one exact rest atom" in out
+    assert "auto: the most the GPU fits; default: 4096" in out
     assert "passes over each RL step's samples (PPO's update epochs, TRL's num_iterations)" in out
     assert "--log_to {none,tensorboard,wandb}" in out
 
 
 def test_choices_are_what_the_library_accepts():
+    """The choices declared with the fields (config.py imports no torch) are the names the library accepts."""
     from troll.advantages import ESTIMATORS
     from troll.losses import AGGREGATIONS, DPPO_THRESHOLDS, LOSSES
 
-    assert set(CHOICES["loss"]) == set(LOSSES)
-    assert set(CHOICES["advantage"]) == set(ESTIMATORS)
-    assert set(CHOICES["agg"]) == set(AGGREGATIONS)
-    assert set(CHOICES["dppo_divergence"]) == set(DPPO_THRESHOLDS)
+    choices = {f.name: f.metadata["choices"] for f in dataclasses.fields(Config)}
+    assert set(choices["loss"]) == set(LOSSES)
+    assert set(choices["advantage"]) == set(ESTIMATORS)
+    assert set(choices["agg"]) == set(AGGREGATIONS)
+    assert set(choices["dppo_divergence"]) == set(DPPO_THRESHOLDS)
+
+
+def test_loss_kwargs_are_the_loss_functions_keyword_arguments():
+    """Each key is a keyword-only parameter of the chosen loss, and carries the config's setting."""
+    from troll.losses import LOSSES
+
+    cfg = dict(eps=0.1, alpha=0.5, k=8, delta=1e-3, support="paper", clip_low=0.1, clip_high=0.3)
+    shared = {"k": 8, "delta": 1e-3, "support": "paper"}
+    want = {
+        "troll": shared | {"eps": 0.1, "alpha": 0.5, "level": "sequence"},
+        "ppo_clip": shared | {"eps_low": 0.1, "eps_high": 0.3, "level": "sequence"},
+        "dppo": shared | {"divergence": "topk_kl"},
+        "cispo": shared | {"eps_high": 0.3},
+    }
+    assert set(want) == set(LOSSES)
+    for name, loss in LOSSES.items():
+        level = "sequence" if "level" in want[name] else "token"
+        kwargs = Config(loss=name, level=level, dppo_divergence="topk_kl", **cfg).loss_kwargs()
+        assert kwargs == want[name], name
+        params = inspect.signature(loss).parameters
+        assert all(key in params and params[key].kind is inspect.Parameter.KEYWORD_ONLY for key in kwargs), name
 
 
 def test_defaults_are_the_tiny_cpu_preset_and_presets_are_valid():
     assert PRESETS["tiny-cpu"] == {}
+    for name, changes in PRESETS.items():  # a preset lists only what it changes
+        assert all(getattr(Config(), key) != value for key, value in changes.items()), name
     assert Config.from_args([]) == Config()
     for name in PRESETS:
         assert Config.from_args(["--preset", name]) == Config(**PRESETS[name])  # each preset passes the checks
@@ -165,6 +195,11 @@ def test_config_itself_rejects_bad_values():
         dataclasses.replace(Config(), loss="clip")
     with pytest.raises(ValueError, match="level=sequence"):
         Config(loss="cispo", level="sequence")
+    with pytest.raises(ValueError, match="steps must be int, got str '6'"):
+        Config(steps="6")
+    with pytest.raises(ValueError, match="bf16 must be bool, got int 1"):
+        Config(bf16=1)
+    assert Config(lr=1).lr == 1  # an int is a float
 
 
 def test_load_names_unknown_and_missing_fields(tmp_path, capsys):
@@ -177,29 +212,92 @@ def test_load_names_unknown_and_missing_fields(tmp_path, capsys):
         Config.load(path)
     del saved["reverse_sum"]  # a config from before the field existed: its default may not be what the run used
     path.write_text(json.dumps(saved))
-    with pytest.raises(ValueError, match="missing config fields \\['reverse_sum'\\]"):
+    with pytest.raises(ValueError, match="missing config fields \\['reverse_sum'\\]") as error:
         Config.load(path)
+    assert str(path) in str(error.value) and '"reverse_sum": true' in str(error.value)  # says what to add
     with pytest.raises(SystemExit):  # resuming such a run is an argparse error, before any work
         Config.from_args(["--out", str(tmp_path), "--resume", "true"])
     assert "missing config fields" in capsys.readouterr().err
 
 
-def test_field_types_come_from_the_annotations(capsys):
-    """A field typed `int | None` parses ints and `none` (from_args used to look types up by name)."""
+def test_flags_parse_by_the_fields_type():
+    """bool takes true/false/1/0/yes/no, int and float their literals, micro_batch_tokens also "auto" (0)."""
+    for word, value in [("true", True), ("1", True), ("Yes", True), ("false", False), ("0", False), ("no", False)]:
+        assert Config.from_args(["--bf16", word]).bf16 is value
+    cfg = Config.from_args(["--steps", "7", "--lr", "3e-4", "--model", "x", "--micro_batch_tokens", "AUTO"])
+    assert (cfg.steps, cfg.lr, cfg.model, cfg.micro_batch_tokens) == (7, 3e-4, "x", 0)
+    assert Config.from_args(["--micro_batch_tokens", "2048"]).micro_batch_tokens == 2048
 
-    @dataclass
-    class Extended(Config):
-        limit: int | None = None  # an optional limit
-        scale: float | None = 1.0
 
-    assert Extended.from_args(["--limit", "3"]).limit == 3
-    assert Extended.from_args(["--limit", "none", "--scale", "None"]).scale is None
-    assert Extended.from_args([]).limit is None
-    with pytest.raises(SystemExit):
-        Extended.from_args(["--limit", "x"])
-    assert "invalid int or none value: 'x'" in capsys.readouterr().err
-    help_text = " ".join(Extended.parser().format_help().split())
-    assert "--limit LIMIT an optional limit; default: None" in help_text
+def test_save_is_atomic(tmp_path, monkeypatch):
+    """A write that fails half-way leaves the previous config.json whole."""
+    path = tmp_path / "config.json"
+    Config(seed=1).save(path)
+
+    def half_then_fail(self, text, *args, **kwargs):
+        Path.write_bytes(self, text[: len(text) // 2].encode())
+        raise OSError("disk full")
+
+    monkeypatch.setattr(Path, "write_text", half_then_fail)
+    with pytest.raises(OSError, match="disk full"):
+        Config(seed=2).save(path)
+    monkeypatch.undo()
+    assert Config.load(path) == Config(seed=1)
+    Config(seed=3).save(path)
+    assert Config.load(path) == Config(seed=3) and [p.name for p in tmp_path.iterdir()] == ["config.json"]
+
+
+BAD_SAVED = [
+    ({"reverse_sum": "false"}, "reverse_sum must be bool, got str 'false'"),  # a non-empty string is not true
+    ({"steps": "6"}, "steps must be int, got str '6'"),
+    ({"steps": 6.0}, "steps must be int, got float 6.0"),
+    ({"seed": True}, "seed must be int, got bool True"),  # bools are not ints
+    ({"lr": "1e-4"}, "lr must be float, got str '1e-4'"),
+    ({"lr": None}, "lr must be float, got NoneType None"),
+    ({"model": 3}, "model must be str, got int 3"),
+    ({"eps": -1}, "eps must be > 0"),
+    ({"loss": "clip"}, "loss='clip' is not one of"),
+]
+
+
+@pytest.mark.parametrize(("change", "message"), BAD_SAVED, ids=[json.dumps(c) for c, _ in BAD_SAVED])
+def test_load_refuses_a_wrong_value_naming_file_and_field(change, message, tmp_path, capsys):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(dataclasses.asdict(Config()) | change))
+    with pytest.raises(ValueError, match=re.escape(f"{path}: invalid config: ") + ".*" + re.escape(message)):
+        Config.load(path)
+    with pytest.raises(SystemExit) as exit_info:  # resuming it: an argparse error, no traceback
+        Config.from_args(["--out", str(tmp_path), "--resume", "true"])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_load_accepts_an_int_for_a_float(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(dataclasses.asdict(Config()) | {"lr": 1, "sft_target": 0}))
+    assert Config.load(path) == Config(lr=1.0, sft_target=0.0)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (None, "is not valid JSON"),  # cut in half
+        ("", "is not valid JSON"),
+        (b"\xff\xfe{}", "is not valid JSON"),  # not UTF-8
+        ("[1, 2]", "expected a JSON object of config fields, got list"),
+        ('"tiny"', "expected a JSON object of config fields, got str"),
+    ],
+)
+def test_load_names_a_damaged_file(text, message, tmp_path, capsys):
+    path = tmp_path / "config.json"
+    Config().save(path)
+    if text is None:
+        text = path.read_text()[: len(path.read_text()) // 2]
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(ValueError, match=re.escape(f"{path}") + ".*" + re.escape(message)):
+        Config.load(path)
+    with pytest.raises(SystemExit) as exit_info:
+        Config.from_args(["--out", str(tmp_path), "--resume", "true"])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_log_to_a_package_that_is_not_installed_fails_before_any_work(tmp_path, monkeypatch, capsys):
