@@ -68,6 +68,7 @@ import troll.train as train  # noqa: E402
 from troll.config import Config  # noqa: E402
 from troll.losses import LOSSES  # noqa: E402
 from troll.policy import build_model  # noqa: E402
+from troll.task import load_task  # noqa: E402
 
 PHASES = ("generate", "score", "old_policy", "update", "sync")
 VARIANTS = {
@@ -139,7 +140,7 @@ def main() -> None:
     torch.manual_seed(cfg.seed)
     model, tokenizer = build_model(cfg, device)
     vocab = len(tokenizer)
-    task, _ = train.load_task(cfg, tokenizer)
+    task, _ = load_task(cfg, tokenizer)
     if cfg.sft_steps:
         train.sft_warmstart(cfg, model, tokenizer, task)  # prints its record
     if a.reward != "task":

@@ -396,7 +396,7 @@ def test_metrics_go_to_tensorboard_too(tmp_path, varied_reward):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    train(tiny(tmp_path, log_to="tensorboard"))
+    train(tiny(tmp_path, log_to="tensorboard", kl_update_vocab=4096))
     events = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
     events.Reload()
     assert [e.step for e in events.Scalars("reward")] == [1, 2]

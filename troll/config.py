@@ -115,12 +115,12 @@ class Config:
     eval_size: int = opt(1000, "held-out problems per evaluation (0 = the whole test split)")
     save_every: int = opt(25, "RL steps between checkpoints")
     samples_to_log: int = opt(4, "completions written to samples.jsonl per evaluation")
-    kl_update_vocab: int = opt(4096, "exact KL(new || old) over the vocabulary after each step if V <= this (0: never)")
+    kl_update_vocab: int = opt(0, "diagnostics: exact KL(new || old) over V after each step if V <= this (0: off)")
     log_to: str = opt("none", "also log to tensorboard (<out>/tensorboard) or wandb", ("none", "tensorboard", "wandb"))
     seed: int = opt(0, "seeds the model, the prompts and the sampler")
     out: str = opt("runs/tiny", "run directory")
     device: str = opt("cpu", "auto = cuda when available, else cpu", ("auto", "cpu", "cuda"))
-    resume: bool = opt(False, "continue the run in --out from its latest checkpoint")
+    resume: bool = opt(False, "continue the run in --out from its newest whole checkpoint (RESUME_CHANGEABLE)")
 
     def __post_init__(self) -> None:
         problems = check(self)
@@ -134,12 +134,18 @@ class Config:
         args = parser.parse_args(argv)
         overrides = {name: value for name, value in vars(args).items() if name != "preset"}  # the flags given
         try:
-            cfg = cls(**PRESETS[args.preset])
+            cfg = cls(**PRESETS[args.preset or "tiny-cpu"])
             if overrides.get("resume"):
                 saved = Path(overrides.get("out", cfg.out)) / "config.json"
+                if args.preset:
+                    parser.error("--preset with --resume: a resumed run keeps the settings in its config.json")
                 if not saved.is_file():
                     parser.error(f"--resume true: {saved} does not exist (nothing to resume)")
                 cfg = cls.load(saved)
+                fixed = [f"--{k} (the run has {getattr(cfg, k)!r})" for k, v in overrides.items()
+                         if k not in RESUME_CHANGEABLE + ("resume", "out") and v != getattr(cfg, k)]  # fmt: skip
+                if fixed:
+                    parser.error(f"cannot change on resume: {', '.join(fixed)}; start a new run to change them")
             cfg = dataclasses.replace(cfg, **overrides)
         except ValueError as e:
             parser.error(str(e))
@@ -156,7 +162,7 @@ class Config:
         )
         parser.add_argument(
             "--preset",
-            default="tiny-cpu",
+            default=None,
             choices=list(PRESETS),
             help="tiny-cpu (the defaults below: addition, tiny local model, CPU) or a GSM8K GPU recipe "
             "(gsm8k-qwen2.5-0.5b, gsm8k-qwen3-0.6b); default: tiny-cpu",
@@ -217,6 +223,13 @@ class Config:
             return cls(**data)
         except ValueError as e:
             raise ValueError(f"{path}: {e}") from None
+
+
+# What may differ when a run is resumed (troll.harness applies and records it); every other field is the run's.
+RESUME_CHANGEABLE = (
+    "steps", "lr", "eval_every", "save_every", "samples_to_log", "log_to", "micro_batch_tokens",
+    "grad_checkpointing", "kl_update_vocab", "device", "backend", "vllm_gpu_memory",
+)  # fmt: skip
 
 
 def _fits(value: Any, tp: type) -> bool:

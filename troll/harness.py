@@ -21,10 +21,10 @@ Rules:
   starts again. `--resume true` with no checkpoint yet starts from the beginning too, saying so.
 - Resume continues from the newest checkpoint that is whole; a damaged one is named and the older one used.
   Metrics and samples rows past it are dropped (the resumed run writes them again). A finished run (checkpoint
-  at `steps`, summary.json written) is left untouched. Settings listed in `CHANGEABLE` may differ on resume: they
-  take effect from that step (the learning rate given is the one used) and are recorded in summary.json's
-  `changes`; any other difference is refused, naming the fields. State saved by an older troll without every
-  key this one writes is refused, as troll.config refuses such a config.json.
+  at `steps`, summary.json written) is left untouched. The settings in `troll.config.RESUME_CHANGEABLE` may
+  differ on resume: they take effect from that step (the learning rate given is the one used) and are recorded
+  in summary.json's `changes`; any other difference is refused, naming the fields. State saved by an older
+  troll without every key this one writes is refused, as troll.config refuses such a config.json.
 - `RunError` is a problem with the run directory that the user fixes; the command line prints it on one line.
 """
 
@@ -53,14 +53,10 @@ from troll.checkpoint import (
     truncate_jsonl,
     write_json,
 )
-from troll.config import Config
+from troll.config import RESUME_CHANGEABLE, Config
 from troll.metrics import Logger
 
 RUN_FILES = ("config.json", "metrics.jsonl", "samples.jsonl", "summary.json", "checkpoints")
-CHANGEABLE = (  # settings that may differ on resume (nothing else may)
-    "steps", "lr", "eval_every", "save_every", "samples_to_log", "log_to", "micro_batch_tokens",
-    "grad_checkpointing", "kl_update_vocab", "device", "backend", "vllm_gpu_memory",
-)  # fmt: skip
 STATE_KEYS = ("step", "eval_before", "eval_after", "eval_best", "eval_best_step", "skipped_steps", "changes")
 
 
@@ -116,7 +112,7 @@ class Run:
             print(f"micro_batch_tokens auto: {cfg.micro_batch_tokens}")
         run = cls(cfg, lock, checkpoint, state)
         if not run.finished:
-            write_json(out / "config.json", dataclasses.asdict(cfg))
+            cfg.save(out / "config.json")
         return run
 
     @property
@@ -308,11 +304,11 @@ def _pick_checkpoint(cfg: Config, out: Path) -> tuple[Path | None, dict | None]:
 
 
 def _resumed_config(cfg: Config, out: Path, state: dict) -> Config:
-    """`cfg` checked against the run's saved config: only CHANGEABLE fields may differ; their changes are recorded
-    in the state from this step on."""
+    """`cfg` checked against the run's saved config: only RESUME_CHANGEABLE fields may differ; their changes are
+    recorded in the state from this step on."""
     saved = dataclasses.asdict(Config.load(out / "config.json"))
     changed = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "resume" and saved[k] != v}
-    fixed = sorted(set(changed) - set(CHANGEABLE))
+    fixed = sorted(set(changed) - set(RESUME_CHANGEABLE))
     if fixed:
         was = ", ".join(f"{k}={saved[k]!r} (given {changed[k]!r})" for k in fixed)
         raise RunError(f"cannot change on resume: {was}; start a new run (another --out) to change them")
