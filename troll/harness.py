@@ -1,12 +1,12 @@
 """The run around the RL loop: its directory, resume, checkpoints, metrics, evaluations and summary.
 
-    run = Run.open(cfg)                       # lock <out>, start a new run or pick the checkpoint to resume from
-    ... build the model from run.checkpoint (None: fresh weights) ...
-    run.begin(acc, records, warm, model, tokenizer, opt, sched)        # new run: step-0 evaluation, checkpoint
-    run.restore(opt, sched)                                            # resumed run: optimiser, schedule, logs
-    for step in run.steps():                                           # tqdm over the remaining RL steps
-        run.record(step, row, evaluation, model, tokenizer, opt, sched)  # log; evaluation; checkpoint when due
-    summary = run.finish()
+    with Run.open(cfg) as run:        # lock <out>; a new run, or the checkpoint to resume from; unlocked at exit
+        ... build the model from run.checkpoint (None: fresh weights) ...
+        run.begin(acc, records, extra, model, tokenizer, opt, sched)       # new run: step-0 evaluation, checkpoint
+        run.restore(opt, sched)                                            # resumed run: optimiser, schedule, logs
+        for step in run.steps():                                           # tqdm over the remaining RL steps
+            run.record(step, row, evaluation, model, tokenizer, opt, sched)  # log, evaluation, checkpoint if due
+        summary = run.finish(eval_problems)
 
 Files (troll.checkpoint writes them crash-safe): config.json (the config in force), metrics.jsonl (one row per RL
 step, one row {"step", "eval_acc"} per evaluation, the first at step 0), samples.jsonl (a few completions per
@@ -54,7 +54,7 @@ from troll.checkpoint import (
     write_json,
 )
 from troll.config import RESUME_CHANGEABLE, Config
-from troll.metrics import Logger
+from troll.metrics import Logger, logger_missing
 
 RUN_FILES = ("config.json", "metrics.jsonl", "samples.jsonl", "summary.json", "checkpoints")
 STATE_KEYS = ("step", "eval_before", "eval_after", "eval_best", "eval_best_step", "skipped_steps", "changes")
@@ -80,7 +80,7 @@ def auto_micro_batch(cfg: Config, device: torch.device) -> int:
 
 
 class Run:
-    """One run directory, held (locked) by this process from `open` to `finish`."""
+    """One run directory, held (locked) by this process from `open` to the end of its `with` block."""
 
     def __init__(self, cfg: Config, lock: Any, checkpoint: Path | None, state: dict | None) -> None:
         self.cfg, self.out, self.lock = cfg, Path(cfg.out), lock
@@ -91,10 +91,20 @@ class Run:
         self.logger: Logger | None = None
         self.bar: Any = None
 
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.logger is not None:
+            self.logger.close()
+        self.lock.close()
+
     # ------------------------------------------------------------------ opening: new, restarted or resumed
 
     @classmethod
     def open(cls, cfg: Config) -> Run:
+        if missing := logger_missing(cfg.log_to):  # before anything is written, as the command line does
+            raise ImportError(missing)
         out = Path(cfg.out)
         out.mkdir(parents=True, exist_ok=True)
         lock = _lock(out)
@@ -122,7 +132,6 @@ class Run:
     def summary(self) -> dict:
         """A finished run's summary.json, untouched."""
         print(f"{self.out} finished at step {self.state['step']} (--steps {self.cfg.steps}): nothing to do")
-        self.lock.close()
         return read_json_object(self.out / "summary.json")
 
     # ------------------------------------------------------------------ the first step, or the restored one
@@ -193,13 +202,11 @@ class Run:
             self._save(model, tokenizer, opt, sched)
 
     def finish(self, eval_problems: int) -> dict:
-        """Write summary.json, release the directory; returns the summary."""
-        self.logger.close()
+        """Write summary.json; returns the summary."""
         summary = {k: v for k, v in self.state.items() if k != "step"}
         summary |= {"wall_clock_s": round(time.time() - self.t_start, 1), "steps": self.cfg.steps}
         summary |= {"loss": self.cfg.loss, "seed": self.cfg.seed, "eval_problems": eval_problems}
         write_json(self.out / "summary.json", summary)
-        self.lock.close()
         print(
             f"eval: {summary['eval_before']:.3f} -> {summary['eval_after']:.3f} (best {summary['eval_best']:.3f} at "
             f"step {summary['eval_best_step']}) in {summary['wall_clock_s']} s; {self.out / 'summary.json'}"

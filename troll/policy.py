@@ -37,6 +37,7 @@ Choices:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -51,7 +52,7 @@ if TYPE_CHECKING:
 TINY = dict(hidden=128, layers=2, heads=4)  # the tiny-cpu preset's model: 0.59M parameters
 
 
-def build_model(cfg: Config, device: torch.device, path: str | None = None) -> tuple[Any, Any]:
+def build_model(cfg: Config, device: torch.device, path: str | Path | None = None) -> tuple[Any, Any]:
     """(model, tokenizer): the tiny local Llama (`cfg.model == "tiny"`), or `path` / cfg.model via transformers."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

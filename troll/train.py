@@ -247,28 +247,28 @@ def peak_memory_mb(device: torch.device) -> float:
 
 def train(cfg: Config) -> dict:
     """Run (or resume) the RL loop of `cfg`; returns the summary written to <out>/summary.json."""
-    run = Run.open(cfg)  # the run directory: new, or resumed from its newest whole checkpoint (troll.harness)
-    if run.finished:
-        return run.summary()
-    cfg = run.cfg
-    torch.manual_seed(cfg.seed)
-    model, tokenizer = build_model(cfg, run.device, path=None if run.checkpoint is None else str(run.checkpoint))
-    task, dropped = load_task(cfg, tokenizer)
-    opt, sched = make_optimizer(cfg, model)
-    generator = make_generator(cfg, model, tokenizer, run.out)
-    if run.checkpoint is None:
-        warm = sft_warmstart(cfg, model, tokenizer, task) if cfg.sft_steps else {}
-        generator.push_weights(model)
-        extra = warm | {"dropped_prompts": dropped["train"], "dropped_test_prompts": dropped["test"]}
-        run.begin(*evaluate(generator, tokenizer, task, cfg.max_new_tokens), extra, model, tokenizer, opt, sched)
-    else:
-        run.restore(opt, sched)
-    probe = UpdateKL(cfg, len(tokenizer)) if len(tokenizer) <= cfg.kl_update_vocab else None
-    for step in run.steps():
-        row = rl_step(cfg, step, model, tokenizer, generator, opt, sched, task, probe=probe)
-        evaluation = evaluate(generator, tokenizer, task, cfg.max_new_tokens) if run.eval_due(step) else None
-        run.record(step, row, evaluation, model, tokenizer, opt, sched)
-    return run.finish(len(task.test))
+    with Run.open(cfg) as run:  # the run directory: new, or resumed from its newest whole checkpoint (troll.harness)
+        if run.finished:
+            return run.summary()
+        cfg = run.cfg
+        torch.manual_seed(cfg.seed)
+        model, tokenizer = build_model(cfg, run.device, path=run.checkpoint)
+        task, dropped = load_task(cfg, tokenizer)
+        opt, sched = make_optimizer(cfg, model)
+        generator = make_generator(cfg, model, tokenizer, run.out)
+        if run.checkpoint is None:
+            warm = sft_warmstart(cfg, model, tokenizer, task) if cfg.sft_steps else {}
+            generator.push_weights(model)
+            extra = warm | {"dropped_prompts": dropped["train"], "dropped_test_prompts": dropped["test"]}
+            run.begin(*evaluate(generator, tokenizer, task, cfg.max_new_tokens), extra, model, tokenizer, opt, sched)
+        else:
+            run.restore(opt, sched)
+        probe = UpdateKL(cfg, len(tokenizer)) if len(tokenizer) <= cfg.kl_update_vocab else None
+        for step in run.steps():
+            row = rl_step(cfg, step, model, tokenizer, generator, opt, sched, task, probe=probe)
+            evaluation = evaluate(generator, tokenizer, task, cfg.max_new_tokens) if run.eval_due(step) else None
+            run.record(step, row, evaluation, model, tokenizer, opt, sched)
+        return run.finish(len(task.test))
 
 
 def sft_warmstart(cfg: Config, model: Any, tokenizer: Any, task: Task) -> dict:

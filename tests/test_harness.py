@@ -1,0 +1,185 @@
+"""The run directory survives faults and misuse (troll/harness.py, troll/checkpoint.py): every interruption is
+resumable, a directory belongs to one run, resume says what changes, damaged files are named."""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from test_train import rows, tiny
+
+from troll.checkpoint import complete_checkpoints, read_jsonl, truncate_jsonl
+from troll.config import Config
+from troll.harness import Run, RunError
+from troll.train import train
+
+pytestmark = pytest.mark.usefixtures("varied_reward")
+
+
+@pytest.fixture
+def varied_reward(monkeypatch):
+    monkeypatch.setattr("troll.addition.reward", lambda completion, gold: float(len(completion) % 2))
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+    return subprocess.run([sys.executable, "-m", "troll.train", *args], capture_output=True, text=True, env=env)
+
+
+def test_torn_metrics_line_is_repaired_on_resume(tmp_path):
+    """A crash or a full disk during an append leaves a torn last line; resume drops it, says so, and goes on."""
+    cfg = tiny(tmp_path, steps=2, save_every=1)
+    train(dataclasses.replace(cfg, steps=1))
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    with open(metrics, "a") as f:
+        f.write('{"step": 2, "rew')
+    with pytest.warns(UserWarning, match="torn last line"):
+        train(dataclasses.replace(cfg, resume=True))
+    assert [m["step"] for m in rows(tmp_path / "run")] == [1, 2]
+    assert all(line.endswith("}") for line in metrics.read_text().splitlines())
+
+
+def test_a_bad_line_before_the_last_is_named(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"step": 1}\nnot json\n{"step": 2}\n')
+    with pytest.raises(ValueError, match=r"m.jsonl, line 2"):
+        read_jsonl(path)
+
+
+def test_truncation_is_atomic(tmp_path, monkeypatch):
+    """Resume cuts the logs back through a temporary file and a rename: a crash during it loses no row."""
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps({"step": s}) + "\n" for s in range(5)))
+    before = path.read_bytes()
+
+    def crash(*args):
+        raise OSError("killed")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError):
+        truncate_jsonl(path, 2)
+    assert path.read_bytes() == before
+
+
+def test_killed_during_the_first_checkpoint_restarts_or_resumes(tmp_path, monkeypatch, capsys):
+    """Killed while the step-0 checkpoint is written (a temporary folder, no `latest`): the same command starts
+    the run again, and `--resume true` does too."""
+    import troll.checkpoint as checkpoint
+
+    cfg = tiny(tmp_path, steps=1)
+
+    def killed(out, *args):
+        (out / "checkpoints" / ".tmp-step-000000").mkdir(parents=True)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("troll.harness.save_checkpoint", killed)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg)
+    monkeypatch.setattr("troll.harness.save_checkpoint", checkpoint.save_checkpoint)
+    capsys.readouterr()
+    train(cfg)
+    assert "stopped before its first checkpoint" in capsys.readouterr().out
+    assert [m["step"] for m in rows(tmp_path / "run")] == [1]
+
+    other = tiny(tmp_path / "b", steps=1)
+    monkeypatch.setattr("troll.harness.save_checkpoint", killed)
+    with pytest.raises(KeyboardInterrupt):
+        train(other)
+    monkeypatch.setattr("troll.harness.save_checkpoint", checkpoint.save_checkpoint)
+    train(dataclasses.replace(other, resume=True))
+    assert "no checkpoint yet" in capsys.readouterr().out
+    assert [m["step"] for m in rows(tmp_path / "b" / "run")] == [1]
+
+
+def test_a_second_process_on_the_same_out_is_refused(tmp_path):
+    cfg = tiny(tmp_path)
+    run = Run.open(cfg)
+    try:
+        with pytest.raises(RunError, match="in use by a running troll.train"):
+            Run.open(cfg)
+        done = cli("--out", str(tmp_path / "run"), "--sft_steps", "0", "--steps", "1")
+        assert done.returncode == 2 and "in use" in done.stderr and "Traceback" not in done.stderr
+    finally:
+        run.lock.close()
+
+
+def test_foreign_files_are_not_overwritten(tmp_path):
+    """A directory holding a finished run's files without checkpoints (or another config's) is refused, naming
+    the files; nothing in it changes."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "summary.json").write_text('{"eval_after": 0.9}\n')
+    (out / "metrics.jsonl").write_text('{"step": 1}\n')
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(RunError, match=r"would overwrite \(metrics.jsonl, summary.json\)"):
+        train(tiny(tmp_path))
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.name != ".lock"} == before
+    done = cli("--out", str(out), "--sft_steps", "0", "--steps", "1")
+    assert done.returncode == 2 and "would overwrite" in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_finished_run_is_not_restarted_over(tmp_path):
+    cfg = tiny(tmp_path, steps=1)
+    train(cfg)
+    with pytest.raises(RunError, match="already holds a run"):
+        train(cfg)
+
+
+def test_resume_applies_a_new_lr_and_records_it(tmp_path):
+    """`--resume true --lr X`: the learning rate given is the one used from the resumed step on, and summary.json
+    records the change with its step; config.json holds the setting in force."""
+    cfg = tiny(tmp_path, steps=2, save_every=1)
+    train(dataclasses.replace(cfg, steps=1))
+    summary = train(Config.from_args(["--out", str(tmp_path / "run"), "--resume", "true", "--steps", "2",
+                                      "--lr", "0.001"]))  # fmt: skip
+    lrs = [m["lr"] for m in rows(tmp_path / "run")]
+    assert lrs == [pytest.approx(1e-2), pytest.approx(1e-3)]
+    assert summary["changes"] == [{"step": 1, "steps": 2, "lr": 0.001}]
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["lr"] == 0.001
+
+
+def test_resume_refuses_settings_that_cannot_change(tmp_path):
+    cfg = tiny(tmp_path, steps=1)
+    train(cfg)
+    out = str(tmp_path / "run")
+    done = cli("--out", out, "--resume", "true", "--loss", "ppo_clip", "--steps", "2")
+    assert done.returncode == 2 and "cannot change on resume: --loss" in done.stderr
+    done = cli("--out", out, "--resume", "true", "--preset", "tiny-cpu")
+    assert done.returncode == 2 and "--preset with --resume" in done.stderr
+    with pytest.raises(RunError, match="cannot change on resume: loss="):
+        train(dataclasses.replace(cfg, resume=True, steps=2, loss="cispo"))
+
+
+@pytest.mark.parametrize("damage", ["trainer.pt", "model.safetensors", "tokenizer"])
+def test_a_damaged_checkpoint_is_named_and_the_older_one_used(tmp_path, damage, capsys):
+    cfg = tiny(tmp_path, steps=2, save_every=1)
+    train(dataclasses.replace(cfg, steps=1))
+    newest = complete_checkpoints(tmp_path / "run")[0]
+    assert newest.name == "step-000001"
+    if damage == "tokenizer":
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            (newest / name).unlink()
+    else:
+        path = newest / damage
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    capsys.readouterr()
+    train(dataclasses.replace(cfg, resume=True))
+    out = capsys.readouterr().out
+    assert f"checkpoint damaged: {newest}" in out and "resuming from the older checkpoint" in out
+    assert [m["step"] for m in rows(tmp_path / "run")] == [1, 2]
+
+
+def test_state_from_an_older_troll_is_refused(tmp_path):
+    """One policy for runs written by older versions: refused with a message naming what is missing."""
+    cfg = tiny(tmp_path, steps=2, save_every=1)
+    train(dataclasses.replace(cfg, steps=1))
+    for ckpt in complete_checkpoints(tmp_path / "run"):
+        state = torch.load(ckpt / "trainer.pt", weights_only=False)
+        del state["eval_best"]
+        torch.save(state, ckpt / "trainer.pt")
+    with pytest.raises(RunError, match=r"lacks \['eval_best'\]"):
+        train(dataclasses.replace(cfg, resume=True))
