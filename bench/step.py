@@ -69,6 +69,7 @@ from troll.config import Config  # noqa: E402
 from troll.losses import LOSSES  # noqa: E402
 from troll.policy import build_model  # noqa: E402
 from troll.task import load_task  # noqa: E402
+from troll.warmstart import warm_start_task  # noqa: E402
 
 PHASES = ("generate", "score", "old_policy", "update", "sync")
 VARIANTS = {
@@ -142,7 +143,7 @@ def main() -> None:
     vocab = len(tokenizer)
     task, _ = load_task(cfg, tokenizer)
     if cfg.sft_steps:
-        train.sft_warmstart(cfg, model, tokenizer, task)  # prints its record
+        warm_start_task(cfg, model, tokenizer, task)  # prints its record
     if a.reward != "task":
         task.reward = REWARDS[a.reward]
     threads_before = torch.get_num_threads()

@@ -84,6 +84,10 @@ class Config:
     old_policy: str = opt(
         "recompute", "anchor: the model before the update (paper) or the engine's top-K", ("recompute", "behaviour")
     )
+    is_correction: str = opt(
+        "none", "recompute anchor, off-policy data: weigh the policy term by pi_old(y) / mu(y)", ("none", "is", "tis")
+    )
+    is_cap: float = opt(2.0, "is_correction tis: the weight truncated at this value (>= 1)")
     # rollouts
     backend: str = opt("hf", "rollout engine: transformers generate, or an in-process vLLM", ("hf", "vllm"))
     prompts_per_step: int = opt(32, "prompts sampled per RL step")
@@ -92,6 +96,10 @@ class Config:
     max_new_tokens: int = opt(5, "response length limit")
     temperature: float = opt(1.0, "sampling temperature (> 0; the trainer scores with the same one)")
     vllm_gpu_memory: float = opt(0.3, "vLLM's GPU memory fraction, in (0, 1] (GPU only)")
+    staleness: int = opt(0, "train step s on the batch sampled k steps earlier (an asynchronous pipeline of depth k)")
+    rollout_dtype: str = opt(
+        "auto", "sampler precision; auto: hf float32, vllm float32 on CPU, bf16 on GPU", ("auto", "float32", "bfloat16")
+    )
     # optimisation
     steps: int = opt(250, "RL steps")
     minibatches: int = opt(2, "optimiser steps per pass over the step's samples (split into this many parts)")
@@ -192,7 +200,8 @@ class Config:
             "dppo": {"divergence": self.dppo_divergence},
             "cispo": {"eps_high": self.clip_high},
         }
-        return {"k": self.k, "delta": self.delta, "support": self.support} | own[self.loss]
+        truncation = {"is_cap": self.is_cap} if self.is_correction == "tis" else {}
+        return {"k": self.k, "delta": self.delta, "support": self.support} | own[self.loss] | truncation
 
     def save(self, path: Path) -> None:
         """Write the config as JSON, atomically: a temporary file beside `path`, then renamed over it."""
@@ -267,8 +276,10 @@ def check(cfg: Config) -> list[str]:
     need(0 <= cfg.delta < 1, f"delta must be in [0, 1), got {cfg.delta}")
     need(0 <= cfg.clip_low < 1, f"clip_low must be in [0, 1), got {cfg.clip_low}")
     need(0 <= cfg.sft_target <= 1, f"sft_target must be in [0, 1], got {cfg.sft_target}")
+    need(1 <= cfg.is_cap < math.inf, f"is_cap must be >= 1 and finite, got {cfg.is_cap}")
     need(0 < cfg.vllm_gpu_memory <= 1, f"vllm_gpu_memory must be in (0, 1], got {cfg.vllm_gpu_memory}")
     zero_ok = "micro_batch_tokens logits_chunk warmup_steps sft_steps eval_size samples_to_log kl_update_vocab seed"
+    zero_ok += " staleness"
     for name in (f.name for f in fields(cfg) if types[f.name] is int):  # counts: >= 1, or >= 0 where 0 is allowed
         low = 0 if name in zero_ok.split() else 1
         need(getattr(cfg, name) >= low, f"{name} must be >= {low}, got {getattr(cfg, name)}")
@@ -277,6 +288,10 @@ def check(cfg: Config) -> list[str]:
     need(
         cfg.level == "token" or cfg.loss in ("troll", "ppo_clip"),  # the losses with a GSPO mode
         f"level=sequence (GSPO) works with loss troll or ppo_clip, not {cfg.loss}",
+    )
+    need(
+        cfg.is_correction == "none" or cfg.old_policy == "recompute",
+        "is_correction corrects the recomputed anchor; old_policy=behaviour anchors at the sampler itself",
     )
     need(bool(cfg.model), "model must not be empty")
     need(bool(cfg.out), "out must not be empty")

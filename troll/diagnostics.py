@@ -1,4 +1,7 @@
-"""Opt-in diagnostics of a run, outside the algorithm: where one RL step left the network, measured exactly.
+"""Measurements of a run, outside the algorithm: the sampler's mismatch, memory, and (opt-in) the exact update KL.
+
+    mismatch(ro, old)                     # every step: sampler mu vs the network before the update, at y
+    peak_memory_mb(device)
 
     probe = UpdateKL(cfg, vocab_size)     # troll.train builds it when vocab_size <= cfg.kl_update_vocab
     probe.before(model, ro)               # right before the step's optimiser steps: p_old [B*T, V]
@@ -18,6 +21,7 @@ Cost: two no-grad forwards over the step's samples and B*T*V floats on CPU, so i
 from __future__ import annotations
 
 import math
+import resource
 from typing import Any
 
 import torch
@@ -26,6 +30,7 @@ from torch import Tensor
 from troll.head import LMHead
 from troll.policy import rollout_logits
 from troll.rollout import Rollouts
+from troll.sparse import SparseDist
 
 
 def dense_kl(lp: Tensor, lq: Tensor) -> Tensor:
@@ -60,3 +65,22 @@ class UpdateKL:
         kl = dense_kl(self.full_logp(model, ro), self.old).view(ro.completion_mask.shape)[ro.completion_mask]
         self.old = None
         return {"kl_update_mean": float(kl.mean()), "kl_update_max": float(kl.max())}
+
+
+def mismatch(ro: Rollouts, old: SparseDist) -> dict[str, float]:
+    """How far the sampler (mu: stale weights, lower precision) is from the network before the update (pi_old) at
+    the sampled tokens: log r = log pi_old(y) - log mu(y), its mean and largest |log r|, and the estimate
+    E_mu[r - 1 - log r] >= 0 of KL(mu || pi_old)."""
+    log_r = (old.logp_at(ro.completion_ids.reshape(-1)).view(ro.logprobs.shape) - ro.logprobs)[ro.completion_mask]
+    log_r = log_r.double()
+    return {
+        "mismatch_logratio_mean": float(log_r.mean()),
+        "mismatch_logratio_absmax": float(log_r.abs().max()),
+        "mismatch_kl": float((log_r.exp() - 1 - log_r).mean()),
+    }
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated() / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10  # ru_maxrss is in KiB on Linux

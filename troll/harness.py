@@ -57,7 +57,7 @@ from troll.config import RESUME_CHANGEABLE, Config
 from troll.metrics import Logger, logger_missing
 
 RUN_FILES = ("config.json", "metrics.jsonl", "samples.jsonl", "summary.json", "checkpoints")
-STATE_KEYS = ("step", "eval_before", "eval_after", "eval_best", "eval_best_step", "skipped_steps", "changes")
+STATE_KEYS = ("step", "eval_before", "eval_after", "eval_best", "eval_best_step", "skipped_steps", "changes", "pending")
 
 
 class RunError(Exception):
@@ -142,7 +142,7 @@ class Run:
         for path in (self.metrics, self.samples):
             path.write_text("")
         self.state = {"step": 0, "eval_before": acc, "eval_after": acc, "eval_best": acc, "eval_best_step": 0}
-        self.state |= {"skipped_steps": 0, "changes": [], **extra}
+        self.state |= {"skipped_steps": 0, "changes": [], "pending": [], **extra}  # pending: batches sampled ahead
         self._open_logger()
         self._log([{"step": 0, "eval_acc": acc}], [{"step": 0, **r} for r in records[: self.cfg.samples_to_log]])
         self._save(model, tokenizer, opt, sched)
@@ -203,7 +203,7 @@ class Run:
 
     def finish(self, eval_problems: int) -> dict:
         """Write summary.json; returns the summary."""
-        summary = {k: v for k, v in self.state.items() if k != "step"}
+        summary = {k: v for k, v in self.state.items() if k not in ("step", "pending")}
         summary |= {"wall_clock_s": round(time.time() - self.t_start, 1), "steps": self.cfg.steps}
         summary |= {"loss": self.cfg.loss, "seed": self.cfg.seed, "eval_problems": eval_problems}
         write_json(self.out / "summary.json", summary)

@@ -48,6 +48,7 @@ dropped silently: filter by length when building the data set).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -207,7 +208,9 @@ class MaskPaddedVocab(LogitsProcessor):
 
 
 class HFGenerator:
-    """Sample with transformers `generate` from the training model itself (so `push_weights` is a no-op)."""
+    """Sample with transformers `generate` from the training model itself (`push_weights` is then a no-op), or with
+    `dtype` (e.g. torch.bfloat16) from a copy of it in that precision, which `push_weights` refreshes: a sampler in
+    lower precision than the trainer, as a bf16 inference engine is."""
 
     def __init__(
         self,
@@ -216,8 +219,10 @@ class HFGenerator:
         max_model_len: int | None = None,
         eos_token_ids: Sequence[int] | None = None,
         greedy_batch: int = 64,
+        dtype: torch.dtype | None = None,
     ):
-        self.model = model
+        self.source = model
+        self.model = model if dtype in (None, model.dtype) else copy.deepcopy(model).to(dtype)
         self.vocab_size = len(tokenizer)
         check_vocab(self.vocab_size, model.get_output_embeddings().weight.shape[0])
         self.eos_token_ids = eos_ids(tokenizer, eos_token_ids)
@@ -226,9 +231,14 @@ class HFGenerator:
         self.greedy_batch = greedy_batch
 
     def push_weights(self, model: Any) -> None:
-        """No-op: the sampler is the training model. Refuses a different model object."""
-        if model is not self.model:
+        """Copy the training model's weights into the lower-precision sampler (no-op when the sampler is the model
+        itself). Refuses a different model object."""
+        if model is not self.source:
             raise ValueError("HFGenerator samples with the model it was built with; got a different model")
+        if self.model is not model:
+            with torch.no_grad():
+                for dst, src in zip(self.model.parameters(), model.parameters(), strict=True):
+                    dst.copy_(src)
 
     @torch.no_grad()
     def _generate(self, prompts: list[list[int]], config: GenerationConfig, seed: int | None) -> tuple[Any, int]:

@@ -80,6 +80,10 @@ class SparseDist:
         """The rows `rows` ([n] long) of this distribution, e.g. one micro-batch."""
         return self.map(lambda x: x[rows])
 
+    def logp_at(self, tokens: Tensor) -> Tensor:
+        """[N] the log-prob of each row's token `tokens` [N], which must be in the row's support (a sampled one)."""
+        return _at_tokens(self, tokens)
+
     def samples(self, idx: Tensor, per_sample: int) -> SparseDist:
         """The rows of samples `idx` ([b] long) when sample i holds the `per_sample` rows i * per_sample + t
         (a [B, T] batch flattened row-major): [b * per_sample] rows, in that order."""

@@ -35,16 +35,16 @@ if __name__ == "__main__":  # parse the command line before importing torch: --h
     CLI_CONFIG = Config.from_args()
 
 import math
-import resource
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from troll.advantages import advantages
-from troll.diagnostics import UpdateKL
+from troll.diagnostics import UpdateKL, mismatch, peak_memory_mb
 from troll.harness import Run, RunError
 from troll.losses import LOSSES
 from troll.metrics import merge
@@ -52,7 +52,7 @@ from troll.policy import build_model, rollout_logits
 from troll.rollout import Generator, HFGenerator, Rollouts
 from troll.sparse import SparseDist, cat_rows, sparsify, sparsify_topk
 from troll.task import Task, decode, encode, evaluate, load_task
-from troll.warmstart import warm_start
+from troll.warmstart import warm_start_task
 
 LossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]  # the signature every loss in troll.losses has
 
@@ -61,8 +61,8 @@ LossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]  # the signature e
 
 def make_generator(cfg: Config, model: Any, tokenizer: Any, out: Path) -> Generator:
     """The rollout engine: the training model itself (hf), or a vLLM engine that follows its weights."""
-    if cfg.backend == "hf":
-        return HFGenerator(model, tokenizer)
+    if cfg.backend == "hf":  # rollout_dtype bfloat16: a bf16 copy samples, refreshed by every push
+        return HFGenerator(model, tokenizer, dtype=torch.bfloat16 if cfg.rollout_dtype == "bfloat16" else None)
     from troll.vllm_engine import VLLMGenerator
 
     init = out / "engine-init"  # the engine loads once from disk; every later update is pushed in place
@@ -73,7 +73,11 @@ def make_generator(cfg: Config, model: Any, tokenizer: Any, out: Path) -> Genera
         tokenizer,
         max_model_len=cfg.max_prompt_len + cfg.max_new_tokens,
         max_top_k=cfg.k,
-        dtype="float32" if model.device.type == "cpu" else "bfloat16",
+        dtype=cfg.rollout_dtype
+        if cfg.rollout_dtype != "auto"
+        else "float32"
+        if model.device.type == "cpu"
+        else "bfloat16",
         seed=cfg.seed,
         gpu_memory_utilization=cfg.vllm_gpu_memory,
     )
@@ -96,16 +100,47 @@ def make_optimizer(cfg: Config, model: Any) -> tuple[torch.optim.Optimizer, torc
 # ----------------------------------------------------------------------------- the pieces of one RL step
 
 
+@dataclass
+class Batch:
+    """One RL step's data, made when it is sampled: the rollouts, their rewards [B] and advantages [B], and the
+    random state that goes on to shuffle its minibatches."""
+
+    ro: Rollouts
+    rewards: torch.Tensor
+    adv: torch.Tensor
+    rng_state: torch.Tensor
+    time_generate: float
+    time_score: float
+
+
+def collect(cfg: Config, index: int, tokenizer: Any, generator: Generator, task: Task) -> Batch:
+    """Steps 1-3 for batch `index`: rollout, reward, advantages. Everything random is seeded from (seed, index),
+    so a resumed run repeats what the uninterrupted one did."""
+    t0 = time.time()
+    seed = cfg.seed * 1_000_003 + index
+    rng = torch.Generator().manual_seed(seed)
+    rows = [task.train[i] for i in torch.randint(len(task.train), (cfg.prompts_per_step,), generator=rng).tolist()]
+    prompts = encode(tokenizer, [task.prompt(r["question"]) for r in rows])
+    ro = generator.generate(  # 1. rollout
+        prompts,
+        cfg.samples_per_prompt,
+        cfg.max_new_tokens,
+        cfg.temperature,
+        top_k_logprobs=cfg.k if cfg.old_policy == "behaviour" else 0,
+        seed=seed,
+    )
+    t1 = time.time()
+    lengths = ro.completion_mask.sum(-1)  # real tokens come first in every row
+    texts = decode(tokenizer, [ids[:n] for ids, n in zip(ro.completion_ids.tolist(), lengths.tolist(), strict=True)])
+    golds = [rows[int(g)]["gold"] for g in ro.group]
+    rewards = torch.tensor([task.reward(t, g) for t, g in zip(texts, golds, strict=True)])  # 2. reward
+    adv = advantages(cfg.advantage, rewards, ro.group)  # 3. advantages
+    return Batch(ro, rewards, adv, rng.get_state(), t1 - t0, time.time() - t1)
+
+
 def old_policy(cfg: Config, model: Any, ro: Rollouts, vocab: int) -> SparseDist:
-    """Step 4: the trust region's anchor q over all B*T completion positions of `ro`, on CPU. `recompute` (the
-    paper): the network before the update, in its own no-grad pass. `behaviour`: the engine's top-K log-probs of
-    the policy that sampled the data."""
-    tokens = ro.completion_ids.reshape(-1)
-    if cfg.old_policy == "behaviour":
-        k = ro.top_idx.shape[-1]
-        return sparsify_topk(
-            ro.top_logp.view(-1, k), ro.top_idx.view(-1, k), ro.logprobs.view(-1), tokens, vocab, delta=cfg.delta
-        )
+    """Step 4: the network before the update, sparsified over all B*T completion positions of `ro` in its own
+    no-grad pass, on CPU."""
     parts = []
     with torch.no_grad():
         for rows in ro.micro_batches(cfg.micro_batch_tokens):
@@ -116,13 +151,21 @@ def old_policy(cfg: Config, model: Any, ro: Rollouts, vocab: int) -> SparseDist:
     return cat_rows(parts)
 
 
+def behaviour_policy(cfg: Config, ro: Rollouts, vocab: int) -> SparseDist:
+    """The policy that sampled `ro` (mu), from the engine's top-K log-probs: the anchor with --old_policy behaviour."""
+    k = ro.top_idx.shape[-1]
+    tokens = ro.completion_ids.reshape(-1)
+    return sparsify_topk(
+        ro.top_logp.view(-1, k), ro.top_idx.view(-1, k), ro.logprobs.view(-1), tokens, vocab, delta=cfg.delta
+    )
+
+
 def update(
     cfg: Config,
     model: Any,
     opt: Any,
     sched: Any,
-    ro: Rollouts,
-    adv: torch.Tensor,
+    batch: Batch,
     old: SparseDist,
     minibatches: Sequence[torch.Tensor],
     loss_fn: LossFn,
@@ -131,6 +174,7 @@ def update(
     most `micro_batch_tokens` padded tokens. Returns the merged metrics and the number of skipped steps (a step
     whose gradient norm is not finite is skipped)."""
     device = next(model.parameters()).device
+    ro = batch.ro
     T, vocab = ro.completion_ids.shape[1], old.vocab_size
     parts: list[tuple[float, dict[str, float]]] = []
     skipped = 0
@@ -140,14 +184,16 @@ def update(
         for rows in ro.micro_batches(cfg.micro_batch_tokens, minibatch):
             logits = rollout_logits(model, ro, rows, vocab, cfg.logits_chunk, cfg.bf16)  # pi_theta, with grad
             mask = ro.completion_mask[rows]
+            mu = ro.logprobs[rows].to(device) if cfg.is_correction != "none" else None  # off-policy correction
             loss, m = loss_fn(  # TROLL: the projection onto KL(. || q) <= eps runs inside (troll.losses)
                 logits,
                 ro.completion_ids[rows].to(device),
                 mask.to(device),
-                adv[rows].to(device),
+                batch.adv[rows].to(device),
                 old.samples(rows, T).to(device),
                 agg=cfg.agg,
                 norm_len=T,
+                behaviour_logp=mu,
                 **cfg.loss_kwargs(),
             )
             # each micro-batch weighs by its share of the minibatch, so the sum is the minibatch's aggregate
@@ -175,46 +221,40 @@ def rl_step(
     opt: Any,
     sched: Any,
     task: Task,
+    pending: list[Batch] | None = None,
     loss_fn: LossFn | None = None,
     probe: UpdateKL | None = None,
 ) -> dict:
-    """One RL step (module docstring); returns its metrics row. Everything random is seeded from (seed, step), so
-    a resumed run repeats what the uninterrupted one did. `loss_fn` (default LOSSES[cfg.loss]) is a seam for
-    another loss or a timed one (bench/step.py); `probe` measures the step's exact update KL (troll.diagnostics)."""
+    """One RL step (module docstring); returns its metrics row. `pending` holds the batches sampled ahead of
+    training (--staleness k: step s trains on batch s, sampled k steps earlier, by the weights of then). `loss_fn`
+    (default LOSSES[cfg.loss]) is a seam for another loss or a timed one (bench/step.py); `probe` measures the
+    step's exact update KL (troll.diagnostics)."""
     t0 = time.time()
-    seed = cfg.seed * 1_000_003 + step
-    rng = torch.Generator().manual_seed(seed)
-    rows = [task.train[i] for i in torch.randint(len(task.train), (cfg.prompts_per_step,), generator=rng).tolist()]
-    prompts = encode(tokenizer, [task.prompt(r["question"]) for r in rows])
-    ro = generator.generate(  # 1. rollout
-        prompts,
-        cfg.samples_per_prompt,
-        cfg.max_new_tokens,
-        cfg.temperature,
-        top_k_logprobs=cfg.k if cfg.old_policy == "behaviour" else 0,
-        seed=seed,
-    )
+    pending = [] if pending is None else pending
+    fresh = []
+    while len(pending) + len(fresh) <= cfg.staleness:  # 1-3. rollout, reward, advantages
+        fresh.append(collect(cfg, step + len(pending) + len(fresh), tokenizer, generator, task))
+    pending += fresh
+    batch = pending.pop(0)
+    ro, rewards = batch.ro, batch.rewards
     t1 = time.time()
-    lengths = ro.completion_mask.sum(-1)  # real tokens come first in every row
-    texts = decode(tokenizer, [ids[:n] for ids, n in zip(ro.completion_ids.tolist(), lengths.tolist(), strict=True)])
-    golds = [rows[int(g)]["gold"] for g in ro.group]
-    rewards = torch.tensor([task.reward(t, g) for t, g in zip(texts, golds, strict=True)])  # 2. reward
-    adv = advantages(cfg.advantage, rewards, ro.group)  # 3. advantages
+    trainer = old_policy(cfg, model, ro, len(tokenizer))  # 4. old policy
+    old = trainer if cfg.old_policy == "recompute" else behaviour_policy(cfg, ro, len(tokenizer))
     t2 = time.time()
-    old = old_policy(cfg, model, ro, len(tokenizer))  # 4. old policy
-    t3 = time.time()
     if probe:
         probe.before(model, ro)
+    rng = torch.Generator()
+    rng.set_state(batch.rng_state)
     shuffles = [torch.randperm(len(ro), generator=rng) for _ in range(cfg.epochs)]  # one per pass over the batch
     minibatches = [mb for perm in shuffles for mb in perm.chunk(cfg.minibatches)]
-    metrics, skipped = update(cfg, model, opt, sched, ro, adv, old, minibatches, loss_fn or LOSSES[cfg.loss])  # 5.
-    t4 = time.time()
+    metrics, skipped = update(cfg, model, opt, sched, batch, old, minibatches, loss_fn or LOSSES[cfg.loss])  # 5.
+    t3 = time.time()
     if probe:
         metrics |= probe.after(model, ro)
-    t5 = time.time()
+    t4 = time.time()
     generator.push_weights(model)  # 6. push
-    t6 = time.time()
-    lengths = lengths.float()
+    t5 = time.time()
+    lengths = ro.completion_mask.sum(-1).float()
     return {
         "step": step + 1,
         "reward": float(rewards.mean()),
@@ -224,22 +264,17 @@ def rl_step(
         "truncated_frac": float((~ro.finished).float().mean()),
         "lr": sched.get_last_lr()[0],
         "skipped": skipped,
+        **mismatch(ro, trainer),
         **metrics,
-        "time_generate": t1 - t0,
-        "time_score": t2 - t1,
-        "time_old_policy": t3 - t2,
-        "time_update": t4 - t3,
-        "time_kl_update": t5 - t4,
-        "time_sync": t6 - t5,
-        "tokens_per_s": float(lengths.sum()) / (t6 - t0),
+        "time_generate": sum(b.time_generate for b in fresh),
+        "time_score": sum(b.time_score for b in fresh),
+        "time_old_policy": t2 - t1,
+        "time_update": t3 - t2,
+        "time_kl_update": t4 - t3,
+        "time_sync": t5 - t4,
+        "tokens_per_s": float(lengths.sum()) / (t5 - t0),
         "peak_memory_mb": peak_memory_mb(next(model.parameters()).device),
     }
-
-
-def peak_memory_mb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated() / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10  # ru_maxrss is in KiB on Linux
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -257,7 +292,7 @@ def train(cfg: Config) -> dict:
         opt, sched = make_optimizer(cfg, model)
         generator = make_generator(cfg, model, tokenizer, run.out)
         if run.checkpoint is None:
-            warm = sft_warmstart(cfg, model, tokenizer, task) if cfg.sft_steps else {}
+            warm = warm_start_task(cfg, model, tokenizer, task) if cfg.sft_steps else {}
             generator.push_weights(model)
             extra = warm | {"dropped_prompts": dropped["train"], "dropped_test_prompts": dropped["test"]}
             run.begin(*evaluate(generator, tokenizer, task, cfg.max_new_tokens), extra, model, tokenizer, opt, sched)
@@ -265,22 +300,10 @@ def train(cfg: Config) -> dict:
             run.restore(opt, sched)
         probe = UpdateKL(cfg, len(tokenizer)) if len(tokenizer) <= cfg.kl_update_vocab else None
         for step in run.steps():
-            row = rl_step(cfg, step, model, tokenizer, generator, opt, sched, task, probe=probe)
+            row = rl_step(cfg, step, model, tokenizer, generator, opt, sched, task, run.state["pending"], probe=probe)
             evaluation = evaluate(generator, tokenizer, task, cfg.max_new_tokens) if run.eval_due(step) else None
             run.record(step, row, evaluation, model, tokenizer, opt, sched)
         return run.finish(len(task.test))
-
-
-def sft_warmstart(cfg: Config, model: Any, tokenizer: Any, task: Task) -> dict:
-    """The supervised warm-start on the task's training problems (troll.warmstart); prints and returns its record."""
-    kw = dict(steps=cfg.sft_steps, lr=cfg.sft_lr, batch=cfg.sft_batch, seed=cfg.seed, target=cfg.sft_target)
-    warm = warm_start(model, tokenizer, task.train, task.prompt, **kw)
-    line = f"supervised warm-start: {warm['sft_steps_run']} steps, final loss {warm['sft_loss']:.3f}, greedy solves "
-    line += f"{warm['sft_probe_acc']:.3f} of the training probe"
-    if cfg.sft_target:
-        line += f" (target {cfg.sft_target}: {'reached' if warm['sft_reached'] else 'NOT reached'})"
-    print(line)
-    return warm
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from troll.policy import completion_logits
-from troll.task import encode
+from troll.task import Task, encode
 
 
 def answer_batch(
@@ -113,3 +113,16 @@ def warm_start(
     else:  # no early stop: probe the final model
         acc = solved(model, probe_batch, vocab) if steps else math.nan
     return {"sft_steps_run": done, "sft_loss": loss, "sft_probe_acc": acc, "sft_reached": bool(acc >= target)}
+
+
+def warm_start_task(cfg: Any, model: Any, tokenizer: Any, task: Task) -> dict:
+    """`warm_start` on a task's training problems with a run's settings (a troll.config.Config); prints and returns
+    its record."""
+    kw = dict(steps=cfg.sft_steps, lr=cfg.sft_lr, batch=cfg.sft_batch, seed=cfg.seed, target=cfg.sft_target)
+    warm = warm_start(model, tokenizer, task.train, task.prompt, **kw)
+    line = f"supervised warm-start: {warm['sft_steps_run']} steps, final loss {warm['sft_loss']:.3f}, greedy solves "
+    line += f"{warm['sft_probe_acc']:.3f} of the training probe"
+    if cfg.sft_target:
+        line += f" (target {cfg.sft_target}: {'reached' if warm['sft_reached'] else 'NOT reached'})"
+    print(line)
+    return warm
