@@ -293,7 +293,9 @@ def support_kl(s: Support) -> Tensor:
 
 
 def atom_kl(lp: Tensor, lq: Tensor, mask: Tensor) -> Tensor:
-    """KL(p || q) per row [N] for two distributions given as log-masses on the same atoms [N, A]."""
+    """KL(p || q) per row [N] for two distributions given as log-masses on the same atoms [N, A]; an atom without
+    p-mass (lp = -inf) adds 0, as p log(p / q) -> 0."""
+    mask = mask & (lp > -math.inf)
     w = torch.where(mask, lp, -math.inf).exp()  # no NaN gradients through dead atoms
     return (w * torch.where(mask, lp - lq, 0.0)).sum(-1)
 
