@@ -229,10 +229,10 @@ class ImplicitT(torch.autograd.Function):
         t, a, b, active = ctx.saved_tensors
         grad_a = torch.zeros_like(a)
         rows = active.nonzero().squeeze(-1)  # t is constant (= 1) on inactive rows
-        if rows.numel():
-            a_r, b_r = path_atoms(a[rows], b[rows])  # atoms without p-mass: pi_t(j) = 0, no gradient
-            t_r = t[rows]
+        if rows.numel():  # in float64: Var_t[a] of float32 atoms can exceed float32's range (logits of 1e20)
+            a_r, b_r = path_atoms(a[rows].double(), b[rows].double())  # atoms without p-mass: pi_t(j) = 0
+            t_r = t[rows].double()
             w, _, mean, var = _moments(a_r, b_r, t_r)
-            coef = -grad_t[rows] * t_r / var.clamp_min(torch.finfo(var.dtype).tiny)
-            grad_a[rows] = coef[:, None] * w * (a_r - mean[:, None])
+            coef = -grad_t[rows].double() * t_r / var.clamp_min(torch.finfo(var.dtype).tiny)
+            grad_a[rows] = (coef[:, None] * w * (a_r - mean[:, None])).to(a.dtype)
         return None, grad_a, None, None

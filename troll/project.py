@@ -37,6 +37,7 @@ returned add their own rounding (about 1e-7 of KL); bf16/fp16 inputs are compute
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -56,7 +57,8 @@ def solve_t(a: Tensor, b: Tensor, eps: float, detach_dual: bool = False) -> tupl
 
     For float64 the solver targets eps (to FLOAT64_RTOL * eps); otherwise eps - margin, margin =
     min(FLOAT32_MARGIN, FLOAT32_REL_MARGIN * eps), to FLOAT32_RTOL * margin, and t* is rounded down so the
-    rounding can only move the result further inside the trust region.
+    rounding can only move the result further inside the trust region. Warns (RuntimeWarning, with the count)
+    where the solver did not converge; `DualSolution.converged` holds the rows.
     """
     check_eps(eps)
     if a.dtype == torch.float64:
@@ -65,6 +67,14 @@ def solve_t(a: Tensor, b: Tensor, eps: float, detach_dual: bool = False) -> tupl
         margin = min(FLOAT32_MARGIN, FLOAT32_REL_MARGIN * eps)
         target = eps - margin
         sol = solve_dual(a.detach(), b.detach(), target, rtol=FLOAT32_RTOL * margin / target)
+    unconverged = int((~sol.converged).sum())
+    if unconverged:
+        warnings.warn(
+            f"the KL projection's dual solver did not converge on {unconverged} of {a.shape[0]} tokens "
+            "(dual_frac_unconverged > 0): their projected KL may exceed eps",
+            RuntimeWarning,
+            stacklevel=3,
+        )
     t = sol.t.to(a.dtype)
     t = torch.where(t.double() > sol.t, torch.nextafter(t, torch.zeros_like(t)), t)
     if not detach_dual:
@@ -81,6 +91,8 @@ def project_dense(logp_new: Tensor, logp_old: Tensor, eps: float, detach_dual: b
     if logp_new.shape != logp_old.shape:
         raise ValueError(f"logp_new {tuple(logp_new.shape)} and logp_old {tuple(logp_old.shape)} differ in shape")
     shape = logp_new.shape
+    if len(shape) == 0 or shape[-1] == 0:
+        raise ValueError(f"logp_new must be [..., V] with V >= 1, got {tuple(shape)}")
     dtype = compute_dtype(torch.promote_types(logp_new.dtype, logp_old.dtype))
     lp = logp_new.reshape(-1, shape[-1]).to(dtype)
     lq = logp_old.reshape(-1, shape[-1]).to(dtype).detach()
