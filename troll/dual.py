@@ -118,37 +118,43 @@ def _rows(bad: Tensor) -> list[int]:
     return torch.nonzero(bad)[:5, 0].tolist()
 
 
-def _check_atoms(a: Tensor, b: Tensor) -> None:
-    """Refuse atoms without a defined projection (module docstring): [N] checks and one [N, U] scan each."""
-    if a.shape != b.shape or a.dim() != 2:
-        raise ValueError(f"a and b must both be [N, U]; got {tuple(a.shape)} and {tuple(b.shape)}")
-    if not (a.dtype.is_floating_point and b.dtype.is_floating_point):
-        raise ValueError(f"a and b must be floating point, got {a.dtype} and {b.dtype}")
-    for name, x in (("a (log p - log q)", a), ("b (log q)", b)):
-        bad = (torch.isnan(x) | (x == math.inf)).any(-1)
-        if bool(bad.any()):
-            raise ValueError(f"{name} contains NaN or +inf (rows {_rows(bad)})")
+def _rows(bad: Tensor) -> str:
+    """The first few row indices where bad [N] is True, for error messages."""
+    return f"rows {torch.nonzero(bad)[:5, 0].tolist()}"
 
 
 @torch.no_grad()
 def solve_dual(a: Tensor, b: Tensor, eps: float, *, max_iter: int = 50, rtol: float = 1e-11) -> DualSolution:
     """Find t* with KL(pi_t* || q) = eps (to rtol * eps) on active rows (see module docstring). a, b: [N, U]."""
-    _check_atoms(a, b)
+    if a.shape != b.shape or a.dim() != 2:
+        raise ValueError(f"a and b must both be [N, U]; got {tuple(a.shape)} and {tuple(b.shape)}")
+    if not (a.dtype.is_floating_point and b.dtype.is_floating_point):
+        raise ValueError(f"a and b must be floating point, got {a.dtype} and {b.dtype}")
     check_eps(eps)
     if not (isinstance(rtol, float) and 0 < rtol < 1):
         raise ValueError(f"rtol must be a float in (0, 1), got {rtol!r}")
     a, b = a.double(), b.double()
     log_z0 = torch.logsumexp(b, dim=-1)  # q's normaliser, over every atom
-    if bool((log_z0 == -math.inf).any()):
-        raise ValueError(f"b (log q) has a row with no finite entry: q has no mass (rows {_rows(log_z0 == -math.inf)})")
-    a, b = path_atoms(a, b)
-    gap = log_z0 - torch.logsumexp(b, dim=-1)  # KL(pi_0+ || q) = -log q(atoms where p has mass): 0 in general
-    infeasible = gap >= eps
-    if bool(infeasible.any()):
-        raise ValueError(
-            f"p gives zero probability (a = -inf) to atoms holding more than 1 - exp(-eps) of q's mass (rows "
-            f"{_rows(infeasible)}): no distribution with finite KL to p lies within eps = {eps} of q"
-        )
+    # A row sum is NaN or +inf exactly where the row holds NaN or +inf (-inf alone gives -inf): one pass each.
+    sum_a, sum_b = a.sum(-1), b.sum(-1)
+    bad_a, bad_b = torch.isnan(sum_a) | (sum_a == math.inf), torch.isnan(sum_b) | (sum_b == math.inf)
+    dead = (a == -math.inf).any(-1)  # rows where p has no mass on some atom
+    flags = torch.stack([bad_a, bad_b, log_z0 == -math.inf, dead]).any(-1).tolist()  # one device sync
+    if flags[0]:
+        raise ValueError(f"a (log p - log q) contains NaN or +inf ({_rows(bad_a)})")
+    if flags[1]:
+        raise ValueError(f"b (log q) contains NaN or +inf ({_rows(bad_b)})")
+    if flags[2]:
+        raise ValueError(f"b (log q) has a row with no finite entry: q has no mass ({_rows(log_z0 == -math.inf)})")
+    gap = torch.zeros_like(log_z0)  # KL(pi_0+ || q) = -log q(atoms where p has mass)
+    if flags[3]:
+        a, b = path_atoms(a, b)
+        gap = log_z0 - torch.logsumexp(b, dim=-1)
+        if bool((gap >= eps).any()):
+            raise ValueError(
+                "p gives zero probability (a = -inf) to atoms holding more than 1 - exp(-eps) of q's mass "
+                f"({_rows(gap >= eps)}): no distribution with finite KL to p lies within eps = {eps} of q"
+            )
     one = torch.ones(a.shape[0], dtype=a.dtype, device=a.device)
     kl_before = _kl_and_slope(a, b, log_z0, one)[0]
     active = kl_before > eps
@@ -177,8 +183,7 @@ def _newton(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Safeguarded Newton on log(KL - gap) vs log t for rows that are all active (gap = KL(pi_0+ || q) < eps).
     Returns t, iters, converged, KL."""
-    live = b > -math.inf
-    spread = a.masked_fill(~live, -math.inf).amax(-1) - a.masked_fill(~live, math.inf).amin(-1)
+    spread = a.amax(-1) - a.amin(-1)  # padding atoms' a only widens the range, which keeps the bound valid
     lo = (torch.sqrt(8 * (eps - gap)) / spread).clamp(max=1.0)  # KL(pi_lo || q) <= eps (Popoviciu)
     lo = torch.where(lo < 1.0, lo, 0.0)  # a bound of 1 only comes from rounding: bracket [0, 1] then
     hi = torch.ones_like(kl1)

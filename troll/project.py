@@ -30,7 +30,7 @@ refused (dual.py). Tokens where q has no mass must have none in p either (-inf i
 Precision (the solver's tolerance is relative to eps): float64 inputs give
 |KL(pi* || q) - eps| <= 1e-11 eps + ~1e-16 (rounding) on active tokens, so KL <= eps (1 + 1e-3) down to
 eps = 1e-12. For lower precision the solver aims a hair inside the ball (eps - min(2e-6, 1e-3 eps), to
-1e-4 of that margin) and t* is rounded down: the atoms' KL never exceeds eps, and the float32 log-probs
+min(1e-9, half that margin)) and t* is rounded down: the atoms' KL never exceeds eps, and the float32 log-probs
 returned add their own rounding (about 1e-7 of KL); bf16/fp16 inputs are computed in float32.
 """
 
@@ -49,14 +49,14 @@ from troll.sparse import Support, compute_dtype
 FLOAT64_RTOL = 1e-11  # solver tolerance relative to eps in float64
 FLOAT32_MARGIN = 2e-6  # below float64 the solver aims min(FLOAT32_MARGIN, FLOAT32_REL_MARGIN * eps) inside the ball
 FLOAT32_REL_MARGIN = 1e-3
-FLOAT32_RTOL = 1e-4  # ... to this fraction of the margin: the atoms' KL stays below eps
+FLOAT32_TOL = 1e-9  # ... to min(FLOAT32_TOL, margin / 2): the atoms' KL stays below eps
 
 
 def solve_t(a: Tensor, b: Tensor, eps: float, detach_dual: bool = False) -> tuple[Tensor, DualSolution]:
     """Solve the dual on atoms (a, b): [N, U] and return t* [N] in a's dtype, with its implicit gradient.
 
     For float64 the solver targets eps (to FLOAT64_RTOL * eps); otherwise eps - margin, margin =
-    min(FLOAT32_MARGIN, FLOAT32_REL_MARGIN * eps), to FLOAT32_RTOL * margin, and t* is rounded down so the
+    min(FLOAT32_MARGIN, FLOAT32_REL_MARGIN * eps), to min(FLOAT32_TOL, margin / 2), and t* is rounded down so the
     rounding can only move the result further inside the trust region. Warns (RuntimeWarning, with the count)
     where the solver did not converge; `DualSolution.converged` holds the rows.
     """
@@ -66,7 +66,7 @@ def solve_t(a: Tensor, b: Tensor, eps: float, detach_dual: bool = False) -> tupl
     else:
         margin = min(FLOAT32_MARGIN, FLOAT32_REL_MARGIN * eps)
         target = eps - margin
-        sol = solve_dual(a.detach(), b.detach(), target, rtol=FLOAT32_RTOL * margin / target)
+        sol = solve_dual(a.detach(), b.detach(), target, rtol=min(FLOAT32_TOL, 0.5 * margin) / target)
     unconverged = int((~sol.converged).sum())
     if unconverged:
         warnings.warn(
