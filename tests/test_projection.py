@@ -326,7 +326,7 @@ def test_masked_tokens_keep_zero_probability():
     torch.testing.assert_close(out[:, :7], project_dense(lp[:, :7], lq[:, :7], EPS))
     lp2 = lp.clone()
     lp2[0, 7] = 0.0
-    with pytest.raises(ValueError, match="same entries"):
+    with pytest.raises(ValueError, match="logp_new has mass where logp_old has none"):
         project_dense(lp2, lq, EPS)
 
 

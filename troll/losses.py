@@ -25,7 +25,7 @@ own support under "paper"; under "rest" p is gathered at q's support and needs n
               pi* = the KL projection of p onto {KL(. || q) <= eps} on the sparse support (project.py)
     ppo_clip  L = agg(-min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)),  r = p(y) / q(y) exact over V
               (default 0.2 / 0.2; eps_high = 0.28 is Clip-Higher)
-    dppo      L = agg(-A * sg(min(r, c)) * M * log p(y)); M = 0 only where the update moves further out:
+    dppo      L = agg(-A * sg(min(r, c)) * M * log p(y)), c = 2; M = 0 only where the update moves further out:
               A > 0, D > thr, p(y) > q(y)   or   A < 0, D > thr, p(y) < q(y).  D is one of
               binary_tv |p(y) - q(y)| (thr 0.15), binary_kl KL(Bern p(y) || Bern q(y)) (thr 0.05),
               topk_tv / topk_kl on the atoms of the support (rest model: q's kept set plus one "rest"
@@ -41,6 +41,7 @@ Aggregation `agg` (identical for every term of a loss), x [B, T] -> scalar:
     token-mean               sum(x * m) / sum(m)
     seq-mean-token-mean      mean_i( sum_t(x * m) / sum_t(m) )
     seq-mean-token-sum-norm  mean_i( sum_t(x * m) / T_norm )      (Dr.GRPO; T_norm = T unless given)
+where mean_i runs over the responses with at least one real token (an empty one is left out, as in verl).
 
 Metrics (python floats; KL is of the current policy p to q over the support's atoms):
     policy, regression, kl_before_mean/max, kl_after_mean/max (after projection; = kl_before for baselines),
@@ -65,19 +66,33 @@ from troll.sparse import SparseDist, Support, atom_kl, build_support, support_kl
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 LEVELS = ("token", "sequence")
 DPPO_THRESHOLDS = {"binary_tv": 0.15, "binary_kl": 0.05, "topk_tv": 0.15, "topk_kl": 0.05}
+DPPO_RATIO_CAP = 2.0  # DPPO truncates the importance ratio at c = 2
 LossOut = tuple[Tensor, dict[str, float]]
 
 
 def aggregate(x: Tensor, mask: Tensor, mode: str = "token-mean", norm_len: int | None = None) -> Tensor:
-    """Reduce per-token values x [B, T] over the real tokens (mask [B, T]) to a scalar."""
-    m = mask.to(x.dtype)
+    """Reduce per-token values x [B, T] over the real tokens (mask [B, T] bool) to a scalar.
+
+    The per-sequence modes average over the sequences with at least one real token (as verl's agg_loss): an empty
+    response neither adds a term nor counts in the denominator. No real token at all gives 0 (zero gradient).
+    Values at masked positions are never read, so padding may hold anything, inf or NaN included.
+    """
+    if x.shape != mask.shape or x.dim() != 2:
+        raise ValueError(f"x and mask must both be [B, T]; got {tuple(x.shape)} and {tuple(mask.shape)}")
+    if mode not in AGGREGATIONS:
+        raise ValueError(f"unknown aggregation {mode!r}; choose from {AGGREGATIONS}")
+    if norm_len is not None and (isinstance(norm_len, bool) or not isinstance(norm_len, int) or norm_len < 1):
+        raise ValueError(f"norm_len must be a positive integer or None, got {norm_len!r}")
+    mask = mask.bool()
+    per_seq = torch.where(mask, x, 0.0).sum(-1)  # [B]
     if mode == "token-mean":
-        return (x * m).sum() / m.sum().clamp_min(1)
+        return per_seq.sum() / mask.sum().clamp_min(1)
+    length = mask.sum(-1)
     if mode == "seq-mean-token-mean":
-        return ((x * m).sum(-1) / m.sum(-1).clamp_min(1)).mean()
-    if mode == "seq-mean-token-sum-norm":
-        return ((x * m).sum(-1) / (norm_len or x.shape[-1])).mean()
-    raise ValueError(f"unknown aggregation {mode!r}; choose from {AGGREGATIONS}")
+        per_seq = per_seq / length.clamp_min(1)
+    else:  # seq-mean-token-sum-norm
+        per_seq = per_seq / (norm_len or max(x.shape[-1], 1))
+    return per_seq.sum() / (length > 0).sum().clamp_min(1)
 
 
 def _support(
@@ -107,7 +122,7 @@ def _support(
         raise ValueError(f"unknown aggregation agg={agg!r}; choose from {AGGREGATIONS}")
     if level not in LEVELS:
         raise ValueError(f"unknown level={level!r}; choose from {LEVELS}")
-    return build_support(logits.reshape(b * t, -1), tokens.reshape(-1), old, support, k, delta)
+    return build_support(logits.reshape(b * t, logits.shape[-1]), tokens.reshape(-1), old, support, k, delta)
 
 
 def _masked_stats(x: Tensor, mask: Tensor, prefix: str) -> dict[str, float]:
@@ -229,19 +244,19 @@ def dppo(
     old: SparseDist,
     *,
     divergence: str = "binary_tv",
-    threshold: float | None = None,
-    ratio_cap: float = 2.0,
     support: str = "rest",
     k: int = 64,
     delta: float = 1e-5,
     agg: str = "token-mean",
     norm_len: int | None = None,
 ) -> LossOut:
-    """DPPO: truncated-IS policy gradient with a one-sided divergence mask (old = the behaviour policy)."""
+    """DPPO: truncated-IS policy gradient with a one-sided divergence mask (old = the behaviour policy).
+
+    The mask's threshold is DPPO_THRESHOLDS[divergence] and the ratio is truncated at DPPO_RATIO_CAP = 2."""
     if divergence not in DPPO_THRESHOLDS:
         raise ValueError(f"unknown DPPO divergence {divergence!r}; choose from {sorted(DPPO_THRESHOLDS)}")
     s = _support(logits, tokens, mask, adv, old, support, k, delta, agg)
-    thr = DPPO_THRESHOLDS[divergence] if threshold is None else threshold
+    thr = DPPO_THRESHOLDS[divergence]
     d = dppo_divergence(divergence, s).view(mask.shape)
     logp_y = s.lp_y.view(mask.shape)
     ratio = (logp_y - s.lq_y.view(mask.shape)).exp()
@@ -250,7 +265,7 @@ def dppo(
         out_up = (a > 0) & (d > thr) & (ratio > 1)
         out_down = (a < 0) & (d > thr) & (ratio < 1)
         keep = (~(out_up | out_down)).to(logp_y.dtype)
-    policy = aggregate(-a * ratio.detach().clamp_max(ratio_cap) * keep * logp_y, mask, agg, norm_len)
+    policy = aggregate(-a * ratio.detach().clamp_max(DPPO_RATIO_CAP) * keep * logp_y, mask, agg, norm_len)
     metrics = _shared_metrics(s, mask)
     metrics |= {"policy": float(policy.detach()), "regression": 0.0, "frac_active": float(aggregate(1 - keep, mask))}
     return policy, metrics | _masked_stats(ratio, mask, "ratio")

@@ -23,36 +23,58 @@ minimiser of KL(pi || p) given pi's mass on the atom). With the "rest" model thi
 whose result has true KL(pi* || q) = eps + pi*(rest) KL(p|rest || q|rest), and with nothing dropped it is
 `project_dense`.
 
-Precision: float64 inputs give |KL(pi* || q) - eps| <= 1e-9 on active tokens. For lower precision the
-solver aims a hair inside the ball (eps - 2e-6, to 1e-9) and t* is rounded down, so float32 results land in
-[eps - 1e-5, eps + 1e-6]; bf16/fp16 inputs are computed in float32.
+A token where p has no mass but q has some gets none in pi* either (KL(pi* || p) is finite only then): the
+interpolation runs over the other tokens S, and a solution exists where q(S) > exp(-eps); elsewhere the input is
+refused (dual.py). Tokens where q has no mass must have none in p either (-inf in both).
+
+Precision (the solver's tolerance is relative to eps): float64 inputs give
+|KL(pi* || q) - eps| <= 1e-11 eps + ~1e-16 (rounding) on active tokens, so KL <= eps (1 + 1e-3) down to
+eps = 1e-12. For lower precision the solver aims a hair inside the ball (eps - min(2e-6, 1e-3 eps), to
+min(1e-9, half that margin)) and t* is rounded down: the atoms' KL never exceeds eps, and the float32 log-probs
+returned add their own rounding (about 1e-7 of KL); bf16/fp16 inputs are computed in float32.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from troll.dual import DualSolution, ImplicitT, check_eps, solve_dual
+from troll.dual import DualSolution, ImplicitT, check_eps, path_atoms, solve_dual
 from troll.sparse import Support, compute_dtype
 
-FLOAT32_MARGIN = 2e-6
-FLOAT32_TOL = 1e-9  # solver tolerance below float64: float32 log-probs carry ~1e-7 of KL rounding anyway
+FLOAT64_RTOL = 1e-11  # solver tolerance relative to eps in float64
+FLOAT32_MARGIN = 2e-6  # below float64 the solver aims min(FLOAT32_MARGIN, FLOAT32_REL_MARGIN * eps) inside the ball
+FLOAT32_REL_MARGIN = 1e-3
+FLOAT32_TOL = 1e-9  # ... to min(FLOAT32_TOL, margin / 2): the atoms' KL stays below eps
 
 
 def solve_t(a: Tensor, b: Tensor, eps: float, detach_dual: bool = False) -> tuple[Tensor, DualSolution]:
     """Solve the dual on atoms (a, b): [N, U] and return t* [N] in a's dtype, with its implicit gradient.
 
-    For float64 the solver targets eps exactly (to 1e-12); otherwise eps - FLOAT32_MARGIN to FLOAT32_TOL, and
-    t* is rounded down so the rounding can only move the result further inside the trust region.
+    For float64 the solver targets eps (to FLOAT64_RTOL * eps); otherwise eps - margin, margin =
+    min(FLOAT32_MARGIN, FLOAT32_REL_MARGIN * eps), to min(FLOAT32_TOL, margin / 2), and t* is rounded down so the
+    rounding can only move the result further inside the trust region. Warns (RuntimeWarning, with the count)
+    where the solver did not converge; `DualSolution.converged` holds the rows.
     """
-    exact = a.dtype == torch.float64
     check_eps(eps)
-    target = eps if exact else max(eps - FLOAT32_MARGIN, 0.5 * eps)
-    sol = solve_dual(a.detach(), b.detach(), target, tol=1e-12 if exact else FLOAT32_TOL)
+    if a.dtype == torch.float64:
+        sol = solve_dual(a.detach(), b.detach(), eps, rtol=FLOAT64_RTOL)
+    else:
+        margin = min(FLOAT32_MARGIN, FLOAT32_REL_MARGIN * eps)
+        target = eps - margin
+        sol = solve_dual(a.detach(), b.detach(), target, rtol=min(FLOAT32_TOL, 0.5 * margin) / target)
+    unconverged = int((~sol.converged).sum())
+    if unconverged:
+        warnings.warn(
+            f"the KL projection's dual solver did not converge on {unconverged} of {a.shape[0]} tokens "
+            "(dual_frac_unconverged > 0): their projected KL may exceed eps",
+            RuntimeWarning,
+            stacklevel=3,
+        )
     t = sol.t.to(a.dtype)
     t = torch.where(t.double() > sol.t, torch.nextafter(t, torch.zeros_like(t)), t)
     if not detach_dual:
@@ -63,12 +85,14 @@ def solve_t(a: Tensor, b: Tensor, eps: float, detach_dual: bool = False) -> tupl
 def project_dense(logp_new: Tensor, logp_old: Tensor, eps: float, detach_dual: bool = False) -> Tensor:
     """Exact projection over the full vocabulary: [..., V] log-probs (or logits) in, log-probs out.
 
-    Differentiable with respect to `logp_new`; `logp_old` is a constant. -inf marks masked tokens and must
-    sit on the same entries in both inputs.
+    Differentiable with respect to `logp_new`; `logp_old` is a constant. -inf marks tokens without mass: where
+    only p has none, pi* has none either (module docstring); where q has none, p must have none (-inf in both).
     """
     if logp_new.shape != logp_old.shape:
         raise ValueError(f"logp_new {tuple(logp_new.shape)} and logp_old {tuple(logp_old.shape)} differ in shape")
     shape = logp_new.shape
+    if len(shape) == 0 or shape[-1] == 0:
+        raise ValueError(f"logp_new must be [..., V] with V >= 1, got {tuple(shape)}")
     dtype = compute_dtype(torch.promote_types(logp_new.dtype, logp_old.dtype))
     lp = logp_new.reshape(-1, shape[-1]).to(dtype)
     lq = logp_old.reshape(-1, shape[-1]).to(dtype).detach()
@@ -78,15 +102,13 @@ def project_dense(logp_new: Tensor, logp_old: Tensor, eps: float, detach_dual: b
         if (x == -math.inf).all(-1).any():
             raise ValueError(f"{name} has a row with no finite entry (zero probability everywhere)")
     live = torch.isfinite(lq)
-    if not torch.equal(live, torch.isfinite(lp)):
-        raise ValueError("logp_new and logp_old must put -inf (masked tokens) on the same entries")
+    if bool((~live & torch.isfinite(lp)).any()):
+        raise ValueError("logp_new has mass where logp_old has none (-inf): KL(p || q) is infinite")
     lp = lp - torch.logsumexp(lp, dim=-1, keepdim=True)
     lq = lq - torch.logsumexp(lq, dim=-1, keepdim=True)
-    a = torch.where(live, lp - lq, 0.0)
-    b = lq
-    t, sol = solve_t(a, b, eps, detach_dual)
-    s = b + t[:, None] * a
-    out = torch.where(sol.active[:, None], s - torch.logsumexp(s, dim=-1, keepdim=True), lp)
+    a = torch.where(live, lp - lq, 0.0)  # -inf where only p has no mass
+    t, sol = solve_t(a, lq, eps, detach_dual)
+    out = torch.where(sol.active[:, None], _interpolate(a, lq, t), lp)
     return out.reshape(shape)
 
 
@@ -145,6 +167,14 @@ class Projection:
         return dict(zip(stats, torch.stack(list(stats.values())).tolist(), strict=True))  # one copy to Python
 
 
+def _interpolate(a: Tensor, b: Tensor, t: Tensor) -> Tensor:
+    """The closed form log pi_t = b + t a - A(t) over the path's atoms, [N, U] (-inf on atoms without p- or
+    q-mass); gradients reach a and t only through atoms with mass, so no 0 * inf appears in backward."""
+    a_path, b_path = path_atoms(a, b)
+    s = b_path + t[:, None] * a_path
+    return s - torch.logsumexp(s, dim=-1, keepdim=True)
+
+
 def atoms(s: Support) -> tuple[Tensor, Tensor]:
     """The dual's atoms: a = log p-mass - log q-mass, b = log q-mass, both [N, U + 1]; dead atoms: a = 0, b = -inf.
 
@@ -163,8 +193,8 @@ def project_sparse(s: Support, eps: float, detach_dual: bool = False) -> Project
     logp = s.lp  # inside the region pi* = p
     rows = sol.active.nonzero().squeeze(-1)
     if rows.numel():  # the closed form, built only on the rows outside the region (few, once trained)
-        s_r = b[rows] + t[rows, None] * a[rows]
-        proj = torch.where(s.mask[rows], s_r - torch.logsumexp(s_r, dim=-1, keepdim=True), 0.0)
+        proj = _interpolate(a[rows], b[rows], t[rows])
+        proj = torch.where(s.mask[rows], proj, 0.0)
         logp = logp.index_put((rows,), proj)
     return Projection(support=s, logp=logp, t=t, dual=sol, eps=eps)
 

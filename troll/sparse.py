@@ -188,8 +188,9 @@ def sparsify_topk(
     if tokens.shape != token_logp.shape:
         raise ValueError(f"tokens {tuple(tokens.shape)} and token_logp {tuple(token_logp.shape)} differ in shape")
     _check_tokens(tokens, vocab_size)
-    if torch.isnan(top_logp).any() or torch.isnan(token_logp).any() or (top_logp > 1e-4).any():
-        raise ValueError("top-K log-probs must be log-probabilities (<= 0, no NaN)")
+    for name, x in (("top_logp", top_logp), ("token_logp", token_logp)):
+        if bool((torch.isnan(x) | (x > 1e-4)).any()):
+            raise ValueError(f"{name} must hold log-probabilities (<= 0, no NaN)")
     dt = compute_dtype(top_logp.dtype)
     top_logp, order = top_logp.to(dt).sort(dim=-1, descending=True, stable=True)
     top_idx = top_idx.gather(-1, order)
@@ -302,25 +303,33 @@ def support_kl(s: Support) -> Tensor:
 
 
 def atom_kl(lp: Tensor, lq: Tensor, mask: Tensor) -> Tensor:
-    """KL(p || q) per row [N] for two distributions given as log-masses on the same atoms [N, A]."""
+    """KL(p || q) per row [N] for two distributions given as log-masses on the same atoms [N, A]; an atom without
+    p-mass (lp = -inf) adds 0, as p log(p / q) -> 0."""
+    mask = mask & (lp > -math.inf)
     w = torch.where(mask, lp, -math.inf).exp()  # no NaN gradients through dead atoms
     return (w * torch.where(mask, lp - lq, 0.0)).sum(-1)
 
 
 def build_support(
-    logits: Logits, tokens: Tensor, old: SparseDist, model: str = "rest", k: int = 64, delta: float = 1e-5
+    logits: Logits, tokens: Tensor, old: SparseDist, sparse_model: str = "rest", k: int = 64, delta: float = 1e-5
 ) -> Support:
-    """p (full logits [N, V], with gradient) and q (`old`, a constant) on shared atoms, under `model`."""
+    """p (full logits [N, V], with gradient) and q (`old`, a constant) on shared atoms, under `sparse_model`."""
     _check_logits(logits, tokens)
-    if model not in SUPPORTS:
-        raise ValueError(f"unknown sparse model {model!r}; choose from {SUPPORTS}")
+    if sparse_model not in SUPPORTS:
+        raise ValueError(f"unknown sparse model {sparse_model!r}; choose from {SUPPORTS}")
     if old.vocab_size != logits.shape[1] or old.idx.shape[0] != logits.shape[0]:
         raise ValueError(
             f"old policy has {old.idx.shape[0]} rows over {old.vocab_size} tokens; expected "
             f"{logits.shape[0]} rows over V = {logits.shape[1]}"
         )
+    for name, x, live in (("old.logp", old.logp, old.mask), ("old.log_rest", old.log_rest, None)):
+        bad = torch.isnan(x) | (x == math.inf)
+        if live is not None:
+            bad = bad | (live & (x == -math.inf))  # a kept token of q-mass zero
+        if bool(bad.any()):
+            raise ValueError(f"{name} contains NaN, +inf or a kept entry of zero probability")
     old = old.detach().to(logits.device)
-    if model == "paper":
+    if sparse_model == "paper":
         new, entropy = sparsify_with_entropy(logits, tokens, k, delta)
         return _union(new, old, tokens, entropy)
     lp, lp_rest, entropy = gather_logprobs(logits, old.idx, old.mask)
@@ -371,7 +380,7 @@ def _union(new: SparseDist, old: SparseDist, tokens: Tensor, entropy: Tensor) ->
     first, second = torch.cat([same, no], -1), torch.cat([no, same], -1)
     lp = torch.where(first, lp.roll(-1, dims=-1), lp)  # the old copy takes p's value from the new copy
     mask = (idx < sentinel) & ~second
-    width = int(mask.sum(-1).max()) if n else 0  # compact: live slots first, U = the batch's largest union
+    width = int(mask.sum(-1).max()) if n else 1  # compact: live slots first, U = the batch's largest union
     order = (~mask).to(torch.uint8).argsort(dim=-1, stable=True)[:, :width]
     idx, mask, lp, lq = (x.gather(-1, order) for x in (idx, mask, lp, lq))
     idx = idx.masked_fill(~mask, 0)
