@@ -110,11 +110,25 @@ def test_vllm_backend_two_steps(tmp_path, monkeypatch, varied_reward):
     assert all(0.0 <= acc <= 1.0 for _, acc in evals(tmp_path / "run"))
 
 
-@pytest.mark.parametrize("epochs", [1, 2])
-def test_resume_equals_uninterrupted(tmp_path, varied_reward, epochs):
-    straight = tiny(tmp_path / "a", steps=3, save_every=1, epochs=epochs)
+def test_vllm_backend_stale_bf16_rollouts(tmp_path, monkeypatch, varied_reward):
+    """--staleness and --rollout_dtype bfloat16 on the vLLM engine: the mismatch metrics see the bf16 sampler."""
+    pytest.importorskip("vllm")
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    train(tiny(tmp_path, backend="vllm", staleness=1, rollout_dtype="bfloat16", steps=3))
+    m = rows(tmp_path / "run")
+    assert len(m) == 3 and all(math.isfinite(r["policy"]) for r in m)
+    assert m[0]["mismatch_logratio_absmax"] > 1e-4 and m[0]["mismatch_kl"] >= 0
+
+
+@pytest.mark.parametrize("epochs, staleness, rollout_dtype", [(1, 0, "auto"), (2, 0, "auto"), (1, 2, "bfloat16")])
+def test_resume_equals_uninterrupted(tmp_path, varied_reward, epochs, staleness, rollout_dtype):
+    """Resumed at step 2, step 3 is the uninterrupted run's step 3, also with batches sampled ahead (the pending
+    ones are in the checkpoint) by a bf16 sampler."""
+    kw = dict(save_every=1, epochs=epochs, staleness=staleness, rollout_dtype=rollout_dtype)
+    straight = tiny(tmp_path / "a", steps=3, **kw)
     train(straight)
-    first = tiny(tmp_path / "b", steps=2, save_every=1, epochs=epochs)
+    first = tiny(tmp_path / "b", steps=2, **kw)
     train(first)
     train(dataclasses.replace(first, steps=3, resume=True))
     a, b = rows(tmp_path / "a" / "run"), rows(tmp_path / "b" / "run")
@@ -422,3 +436,51 @@ def test_micro_batch_tokens_auto(tmp_path, monkeypatch):
     assert auto_micro_batch(cfg, torch.device("cpu")) == 4096
     train(tiny(tmp_path, micro_batch_tokens=0, steps=1))
     assert json.loads((tmp_path / "run" / "config.json").read_text())["micro_batch_tokens"] == 4096
+
+
+def test_staleness_trains_on_the_batch_sampled_k_steps_earlier(tmp_path, varied_reward, monkeypatch):
+    """--staleness 2: step 0 samples batches 0, 1, 2 (seeds s0, s0 + 1, s0 + 2) with the initial weights and trains
+    on batch 0; each later step samples one batch and trains on the oldest. The mismatch metrics see it: the
+    network that trains batch 0 is the one that sampled it (log-ratio 0), later ones have moved past it."""
+    import troll.train as train_mod
+
+    cfg = tiny(tmp_path, steps=4, staleness=2)
+    sampled, trained = [], []
+    real_collect, real_update = train_mod.collect, train_mod.update
+
+    def collect(cfg, index, *args):
+        sampled.append((index, real_collect(cfg, index, *args)))
+        return sampled[-1][1]
+
+    def update(cfg, model, opt, sched, batch, *args):
+        trained.append(batch)
+        return real_update(cfg, model, opt, sched, batch, *args)
+
+    monkeypatch.setattr(train_mod, "collect", collect)
+    monkeypatch.setattr(train_mod, "update", update)
+    train(cfg)
+    assert [i for i, _ in sampled] == [0, 1, 2, 3, 4, 5]
+    assert all(t is b for t, (_, b) in zip(trained, sampled, strict=False)) and len(trained) == 4  # step s: batch s
+    m = rows(tmp_path / "run")
+    assert m[0]["mismatch_logratio_absmax"] < 1e-5 and m[0]["mismatch_kl"] < 1e-9
+    assert all(r["mismatch_logratio_absmax"] > 1e-3 for r in m[1:])
+
+
+def test_bf16_sampler_is_a_refreshed_copy(tmp_path, varied_reward):
+    """--rollout_dtype bfloat16 with transformers: a bf16 copy samples (its log-probs differ from the float32
+    trainer's at step 1, before any update) and push_weights copies every update into it."""
+    from troll.rollout import HFGenerator
+
+    train(tiny(tmp_path, rollout_dtype="bfloat16", minibatches=1))
+    m = rows(tmp_path / "run")
+    assert m[0]["mismatch_logratio_absmax"] > 1e-4  # nothing has moved yet: this is the precision alone
+    model, tok = build_model(tiny(tmp_path), torch.device("cpu"))
+    gen = HFGenerator(model, tok, dtype=torch.bfloat16)
+    assert gen.model is not model and next(gen.model.parameters()).dtype == torch.bfloat16
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    gen.push_weights(model)
+    for a, b in zip(gen.model.parameters(), model.parameters(), strict=True):
+        assert torch.equal(a, b.to(torch.bfloat16))
+    assert HFGenerator(model, tok).model is model
