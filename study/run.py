@@ -51,6 +51,7 @@ from dataclasses import asdict, dataclass, replace
 from multiprocessing import get_context
 from pathlib import Path
 
+from study import figures
 from troll import plot
 from troll.config import Config
 
@@ -151,7 +152,7 @@ def collect(run: Run, out: Path) -> dict:
 
 def read_results(path: Path) -> dict[str, dict]:
     """The results file's rows by run name (empty when there is no file)."""
-    return {r["name"]: r for r in plot.read_results(path)} if path.is_file() else {}
+    return {r["name"]: r for r in figures.read_results(path)} if path.is_file() else {}
 
 
 def merge_results(path: Path, new: Sequence[dict]) -> None:
