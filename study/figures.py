@@ -13,6 +13,7 @@ import argparse
 import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from troll.plot import read_jsonl
 
@@ -162,17 +163,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("results", help="the results file (JSONL) that study/run.py wrote")
     p.add_argument("--out", default="study/figures", help="folder for the PNGs; default: %(default)s")
     args = p.parse_args(argv)
+
+    def fail(message: str) -> NoReturn:
+        """A usage error: one line on stderr, exit 2 (no usage text: the flags parsed)."""
+        p.exit(2, f"{p.prog}: error: {message}\n")
+
     if importlib.util.find_spec("matplotlib") is None:
-        p.error("matplotlib is not installed: pip install matplotlib (or troll[plot])")
+        fail("matplotlib is not installed: pip install matplotlib (or troll[plot])")
     if not Path(args.results).is_file():
-        p.error(f"results file {args.results} does not exist")
+        fail(f"results file {args.results} does not exist")
     try:
         rows = read_results(args.results)
         if not rows:
-            p.error(f"{args.results} holds no finished runs")
+            fail(f"{args.results} holds no finished runs")
         written = plot_study(rows, args.out)
     except (OSError, ValueError) as e:  # a damaged results file, an --out that is a file
-        p.error(str(e))
+        fail(str(e))
     for path in written:
         print(path)
 

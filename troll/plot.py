@@ -19,6 +19,7 @@ import sys
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 DEFAULT_KEYS = (
     "reward",
@@ -128,18 +129,23 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("runs", nargs="+", help="run directories (each holding metrics.jsonl)")
     p.add_argument("--out", default="plots", help="folder for the PNGs; default: %(default)s")
     args = p.parse_args(argv)
+
+    def fail(message: str) -> NoReturn:
+        """A usage error: one line on stderr, exit 2 (no usage text: the flags parsed)."""
+        p.exit(2, f"{p.prog}: error: {message}\n")
+
     if importlib.util.find_spec("matplotlib") is None:
-        p.error("matplotlib is not installed: pip install matplotlib (or troll[plot])")
+        fail("matplotlib is not installed: pip install matplotlib (or troll[plot])")
     try:
         with warnings.catch_warnings(record=True) as caught:  # a skipped torn line: one line on stderr
             warnings.simplefilter("always")
             written = plot_runs(args.runs, args.out)
     except (OSError, ValueError) as e:  # a missing or damaged run directory, an --out that is a file
-        p.error(str(e))
+        fail(str(e))
     for w in caught:
         print(f"{p.prog}: warning: {w.message}", file=sys.stderr)
     if not written:
-        p.error(f"none of the runs logged any of {', '.join(DEFAULT_KEYS)}")
+        fail(f"none of the runs logged any of {', '.join(DEFAULT_KEYS)}")
     for path in written:
         print(path)
 
