@@ -271,15 +271,15 @@ def main() -> None:
     if a.child:
         return child(json.loads(a.child))
 
-    if importlib.util.find_spec("trl") is None:
-        raise SystemExit(f"trl is not importable by {sys.executable}. Install it:\n  {INSTALL}")
-    if not os.access("/proc/self/clear_refs", os.W_OK):
-        raise SystemExit("peak memory needs a writable /proc/self/clear_refs (Linux)")
     sides = [s for s in a.sides.split(",") if s]
     if "troll" not in sides or "trl" not in sides or any(s not in SIDES for s in sides):
         ap.error(f"--sides must hold troll and trl, from {SIDES}")
     if (a.prompts * a.n) % a.minibatches:
         ap.error("--prompts x --n must be divisible by --minibatches")
+    if importlib.util.find_spec("trl") is None:
+        raise SystemExit(f"trl is not importable by {sys.executable}. Install it:\n  {INSTALL}")
+    if not os.access("/proc/self/clear_refs", os.W_OK):
+        raise SystemExit("peak memory needs a writable /proc/self/clear_refs (Linux)")
 
     import torch
 

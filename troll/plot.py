@@ -106,7 +106,8 @@ def plot_runs(runs: Sequence[str | Path], out: str | Path, keys: Sequence[str] =
             bad = [(step, v) for step, v in pts if isinstance(v, bool) or not isinstance(v, (int, float))]
             if bad:
                 raise ValueError(f"run {name}: {key} at step {bad[0][0]} is not a number: {bad[0][1]!r}")
-    out.mkdir(parents=True, exist_ok=True)
+    if any(plots.values()):
+        out.mkdir(parents=True, exist_ok=True)
     written = []
     for key, curves in plots.items():
         if not curves:
