@@ -7,13 +7,18 @@ model (near-uniform over ~260 byte tokens) that is a fair coin per sample, so al
 non-zero advantage. (`odd_length_reward`, 1.0 for an odd number of characters, is the other option: on the
 untrained model nearly every completion runs to max_new_tokens = 5 characters, so most groups tie and carry
 no signal.) Both take the completion text with special tokens removed, as troll's `Task.reward` does.
+
+Argument types (`int_at_least`, `positive_float`, `comma_list`): a bad value is an argparse error naming the flag
+(exit 2, no traceback), before anything is built or measured.
 """
 
 from __future__ import annotations
 
+import argparse
+import math
 import resource
 import statistics
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 
 def parity_reward(completion: str, gold: str = "") -> float:
@@ -41,3 +46,42 @@ def median(xs: Iterable[float]) -> float:
 
 def ratio(a: float, b: float) -> float:
     return a / b if b else float("nan")
+
+
+def int_at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= `low`."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    return parse
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
+
+
+def comma_list(allowed: Iterable[str]) -> Callable[[str], str]:
+    """An argparse type: a comma-separated list of `allowed` words, returned as given."""
+    allowed = list(allowed)
+
+    def parse(text: str) -> str:
+        bad = [x for x in text.split(",") if x not in allowed]
+        if bad or not text:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected a comma list of {','.join(allowed)}")
+        return text
+
+    return parse

@@ -71,6 +71,7 @@ import time
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # read at torch's first CPU allocation (module docstring)
 
 import torch  # noqa: E402
+from _util import int_at_least  # noqa: E402
 
 from troll.losses import ppo_clip, troll_loss  # noqa: E402
 from troll.sparse import sparsify  # noqa: E402
@@ -177,14 +178,22 @@ def measure(fn, args, device: str) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--n", type=int, default=4096, help="tokens")
-    ap.add_argument("--v", type=int, default=151_936, help="vocabulary size")
-    ap.add_argument("--repeats", type=int, default=3, help="measured rounds (after a small warm-up)")
+    ap.add_argument("--n", type=int_at_least(1), default=4096, help="tokens")
+    ap.add_argument("--v", type=int_at_least(2), default=151_936, help="vocabulary size")
+    ap.add_argument("--repeats", type=int_at_least(1), default=3, help="measured rounds (after a small warm-up)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int_at_least(0), default=0)
     ap.add_argument("--paper", action="store_true", help="also run troll with the paper's sparse model")
     a = ap.parse_args()
+    try:
+        device = torch.device(a.device)
+    except RuntimeError:
+        ap.error(f"--device {a.device!r} is not a torch device (cpu, cuda, cuda:1)")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        ap.error(f"--device {a.device}: no CUDA GPU is available")
+    if device.type not in ("cpu", "cuda"):
+        ap.error(f"--device {a.device}: this bench measures cpu or cuda")
     if a.device == "cpu" and not os.access("/proc/self/clear_refs", os.W_OK):
         raise SystemExit("cpu peak memory needs a writable /proc/self/clear_refs (Linux)")
 

@@ -60,6 +60,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
+from _util import comma_list, int_at_least, positive_float  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from troll.losses import ppo_clip, troll_loss  # noqa: E402
@@ -304,15 +305,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--plan", default="default", choices=["quick", "default", "full"])
-    ap.add_argument("--models", help="comma list of " + ",".join(MODELS))
-    ap.add_argument("--losses", help="comma list of troll,clip")
-    ap.add_argument("--heads", help="comma list of chunked,full")
-    ap.add_argument("--ckpt", help="comma list of on,off")
+    ap.add_argument("--models", type=comma_list(MODELS), help="comma list of " + ",".join(MODELS))
+    ap.add_argument("--losses", type=comma_list(LOSSES), help="comma list of troll,clip")
+    ap.add_argument("--heads", type=comma_list(["chunked", "full"]), help="comma list of chunked,full")
+    ap.add_argument("--ckpt", type=comma_list(["on", "off"]), help="comma list of on,off")
     ap.add_argument("--rows", help="comma list of row counts (default 2)")
-    ap.add_argument("--response", type=int, default=262, help="completion columns T (row = 250 + T tokens)")
-    ap.add_argument("--old_temperature", type=float, default=0.3)
+    ap.add_argument("--response", type=int_at_least(1), default=262, help="completion columns T (row = 250 + T tokens)")
+    ap.add_argument("--old_temperature", type=positive_float, default=0.3)
     ap.add_argument("--json", help="also write the raw results here")
     args = ap.parse_args()
+    if args.rows and not all(r.isdigit() and int(r) >= 1 for r in args.rows.split(",")):
+        ap.error(f"--rows {args.rows!r}: expected a comma list of row counts >= 1, e.g. 1,2")
+    if args.json and not Path(args.json).resolve().parent.is_dir():
+        ap.error(f"--json {args.json}: its folder does not exist")
     if args.child:
         print(json.dumps(child(json.loads(args.child))))
         return

@@ -56,6 +56,7 @@ from collections import defaultdict
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported (module docstring)
 
 import torch  # noqa: E402
+from _util import int_at_least  # noqa: E402
 
 from troll.rollout import HFGenerator, Rollouts  # noqa: E402
 from troll.tiny import save_tiny, tiny_llama, train_tokenizer  # noqa: E402
@@ -105,24 +106,30 @@ def timed(gen, prompts: list[list[int]], args: argparse.Namespace, k: int, seed:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--prompts", type=int, default=64)
-    p.add_argument("--n", type=int, default=8, help="samples per prompt")
-    p.add_argument("--max-new", type=int, default=256)
-    p.add_argument("--top-k", type=int, default=20, help="also time with top-K log-probs (0: only K = 0)")
-    p.add_argument("--vocab", type=int, default=2048, help="tokenizer size (BPE target)")
-    p.add_argument("--model-vocab", type=int, default=0, help="output layer rows (0 = tokenizer size; more = padded)")
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--prompts", type=int_at_least(1), default=64)
+    p.add_argument("--n", type=int_at_least(1), default=8, help="samples per prompt")
+    p.add_argument("--max-new", type=int_at_least(1), default=256)
+    p.add_argument("--top-k", type=int_at_least(0), default=20, help="also time with top-K log-probs (0: only K = 0)")
+    p.add_argument("--vocab", type=int_at_least(1), default=2048, help="tokenizer size (BPE target)")
+    p.add_argument(
+        "--model-vocab", type=int_at_least(0), default=0, help="output layer rows (0 = tokenizer size; more = padded)"
+    )
+    p.add_argument("--hidden", type=int_at_least(1), default=256)
+    p.add_argument("--layers", type=int_at_least(1), default=4)
+    p.add_argument("--heads", type=int_at_least(1), default=4)
     p.add_argument(
         "--max-num-seqs",
-        type=int,
+        type=int_at_least(0),
         default=None,
         help="vLLM: sequences per engine step (default: the whole batch; 0 = vLLM's)",
     )
-    p.add_argument("--max-num-batched-tokens", type=int, default=0, help="vLLM: tokens per engine step (0 = default)")
-    p.add_argument("--repeats", type=int, default=1, help="rounds; 3+ for steadier medians")
+    p.add_argument(
+        "--max-num-batched-tokens", type=int_at_least(0), default=0, help="vLLM: tokens per engine step (0 = default)"
+    )
+    p.add_argument("--repeats", type=int_at_least(1), default=1, help="rounds; 3+ for steadier medians")
     args = p.parse_args()
+    if args.hidden % args.heads:
+        p.error(f"--hidden {args.hidden} must be a multiple of --heads {args.heads}")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 

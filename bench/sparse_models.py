@@ -21,6 +21,7 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
+from _util import int_at_least, positive_float  # noqa: E402
 
 from troll import addition  # noqa: E402
 from troll.policy import completion_logits  # noqa: E402
@@ -31,12 +32,14 @@ from troll.tiny import tiny_llama, train_tokenizer  # noqa: E402
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--noise", type=float, default=1e-4, help="std of the weight perturbation")
-    ap.add_argument("--k", type=int, default=64)
+    ap.add_argument("--noise", type=positive_float, default=1e-4, help="std of the weight perturbation")
+    ap.add_argument("--k", type=int_at_least(1), default=64)
     ap.add_argument("--delta", type=float, default=1e-5)
-    ap.add_argument("--eps", type=float, default=0.05)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--eps", type=positive_float, default=0.05)
+    ap.add_argument("--seed", type=int_at_least(0), default=0)
     args = ap.parse_args()
+    if not 0 <= args.delta < 1:
+        ap.error(f"--delta must be in [0, 1), got {args.delta}")
     tok = train_tokenizer(addition.corpus(), vocab_size=64)
     old_model = tiny_llama(tok, hidden=128, layers=2, heads=4, seed=args.seed).eval()
     new_model = copy.deepcopy(old_model)

@@ -62,7 +62,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 import torch  # noqa: E402
-from _util import REWARDS, cpu_user, median, ratio  # noqa: E402
+from _util import REWARDS, cpu_user, int_at_least, median, ratio  # noqa: E402
 
 import troll.train as train  # noqa: E402
 from troll.config import Config  # noqa: E402
@@ -130,8 +130,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n")[0], epilog="Other flags go to troll.config.Config (e.g. --backend vllm)."
     )
-    ap.add_argument("--repeats", type=int, default=10, help="measured rounds (each runs both variants)")
-    ap.add_argument("--warmup", type=int, default=2, help="untimed rounds first")
+    ap.add_argument("--repeats", type=int_at_least(1), default=10, help="measured rounds (each runs both variants)")
+    ap.add_argument("--warmup", type=int_at_least(0), default=2, help="untimed rounds first")
     ap.add_argument("--reward", default="parity", choices=[*REWARDS, "task"], help="task = the addition reward")
     a, rest = ap.parse_known_args()
     cfg = Config.from_args(["--preset", "tiny-cpu", *rest])

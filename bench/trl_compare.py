@@ -66,7 +66,7 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported (module docstring)
 
-from _util import cpu_user, median, parity_reward, ratio  # noqa: E402
+from _util import cpu_user, int_at_least, median, parity_reward, positive_float, ratio  # noqa: E402
 
 INSTALL = 'pip install -e ".[trl]"  (trl>=1.16,<1.17)'
 SIDES = ("troll", "troll_clip", "trl", "trl_troll")
@@ -253,31 +253,33 @@ def spawn(o: dict) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rounds", type=int, default=4, help="each round runs every side once, in a fresh process")
-    ap.add_argument("--steps", type=int, default=8, help="measured RL steps per process")
-    ap.add_argument("--warmup", type=int, default=2, help="untimed RL steps first, per process")
-    ap.add_argument("--prompts", type=int, default=32, help="prompts per RL step")
-    ap.add_argument("--n", type=int, default=8, help="samples per prompt (num_generations)")
-    ap.add_argument("--max_new", type=int, default=5, help="max new tokens (max_completion_length)")
-    ap.add_argument("--minibatches", type=int, default=1, help="optimiser steps per RL step")
-    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument(
+        "--rounds", type=int_at_least(1), default=4, help="each round runs every side once, in a fresh process"
+    )
+    ap.add_argument("--steps", type=int_at_least(1), default=8, help="measured RL steps per process")
+    ap.add_argument("--warmup", type=int_at_least(0), default=2, help="untimed RL steps first, per process")
+    ap.add_argument("--prompts", type=int_at_least(1), default=32, help="prompts per RL step")
+    ap.add_argument("--n", type=int_at_least(1), default=8, help="samples per prompt (num_generations)")
+    ap.add_argument("--max_new", type=int_at_least(1), default=5, help="max new tokens (max_completion_length)")
+    ap.add_argument("--minibatches", type=int_at_least(1), default=1, help="optimiser steps per RL step")
+    ap.add_argument("--lr", type=positive_float, default=1e-4)
     ap.add_argument("--trl_loss", default="dapo", choices=["dapo", "grpo", "bnpo", "dr_grpo"])
     ap.add_argument("--sides", default=",".join(SIDES), help=f"comma-separated subset of {SIDES}")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int_at_least(0), default=0)
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
         return child(json.loads(a.child))
 
+    sides = [s for s in a.sides.split(",") if s]
+    if "troll" not in sides or "trl" not in sides or any(s not in SIDES for s in sides):
+        ap.error(f"--sides must hold troll and trl, from {SIDES}")
+    if (a.prompts * a.n) % a.minibatches:
+        ap.error("--prompts x --n must be divisible by --minibatches")
     if importlib.util.find_spec("trl") is None:
         raise SystemExit(f"trl is not importable by {sys.executable}. Install it:\n  {INSTALL}")
     if not os.access("/proc/self/clear_refs", os.W_OK):
         raise SystemExit("peak memory needs a writable /proc/self/clear_refs (Linux)")
-    sides = [s for s in a.sides.split(",") if s]
-    if "troll" not in sides or "trl" not in sides or any(s not in SIDES for s in sides):
-        raise SystemExit(f"--sides must hold troll and trl, from {SIDES}")
-    if (a.prompts * a.n) % a.minibatches:
-        raise SystemExit("prompts * n must be divisible by minibatches")
 
     import torch
 

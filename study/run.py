@@ -3,7 +3,7 @@
     python -m study.run --dry-run                      # the grid, and its time estimate
     python -m study.run --calibrate                    # measure one run (the heaviest pass), for the estimate
     python -m study.run                                # run it (resumable: run it again to go on)
-    python -m study.run --limit 2 --steps 2 --sft_steps 10 --eval_size 20     # a smoke test
+    python -m study.run --limit 2 --steps 2 --sft_steps 10 --eval_size 20 --out runs/smoke --results runs/smoke.jsonl
     python -m study.figures study/results.jsonl --out study/figures/
 
 Choices, stated once:
@@ -24,6 +24,11 @@ Choices, stated once:
   with a row in the results file (so a committed results file resumes on a fresh machine), is finished and skipped;
   an interrupted one resumes from its checkpoint; a finished run's checkpoints are deleted
   (9 MB each; the study keeps metrics, samples and summary).
+- A run is only ever counted as done, or resumed, with the settings it was made with (`differences`): when a run
+  directory's config.json, or a results row, differs from the config the grid makes now (other --steps, --eval_size,
+  --sft_steps, ...), the command stops (exit 2) naming the run and the fields; choose another --out and --results,
+  or delete the run. A row records the run's config (`collect`); rows without one (the committed file) are
+  compared on what they record: steps and held-out problems.
 - `--jobs N` (default 1) runs N at a time, each in its own worker process with cores / N torch threads; with one
   job the worker keeps torch's default threads. Workers are spawned (no fork of a process with OpenMP threads)
   and import torch once; the parent never imports it.
@@ -44,13 +49,16 @@ import itertools
 import json
 import os
 import shutil
+import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, replace
 from multiprocessing import get_context
 from pathlib import Path
+from typing import NoReturn
 
+from study import figures
 from troll import plot
 from troll.config import Config
 
@@ -68,6 +76,8 @@ SEEDS = (0, 1, 2)
 # defaults below; load about 1.5): wall time in a fresh worker, mean RL step, update per pass. 50 steps under a
 # load of 2.5 gave 37.2 s, 0.456 s, 0.292 s: the estimate moves by a third with the machine's load.
 MEASURED = {"wall_s": 28.5, "steps": 40, "step_s": 0.346, "update_pass_s": 0.184}
+PROG = "python -m study.run"
+NOT_SETTINGS = ("out", "resume")  # config fields that say where and how a run is started, not what it is
 
 
 @dataclass(frozen=True)
@@ -146,12 +156,51 @@ def collect(run: Run, out: Path) -> dict:
         "frac_active_mean": sum(frac) / max(len(frac), 1),
         "skipped_steps": summary["skipped_steps"],
         "wall_clock_s": summary["wall_clock_s"],
+        "config": _settings(json.loads((out / "config.json").read_text())),
     }
+
+
+def _settings(cfg: dict) -> dict:
+    return {k: v for k, v in cfg.items() if k not in NOT_SETTINGS}
+
+
+def differences(run: Run, args: argparse.Namespace, recorded: dict[str, dict]) -> list[str]:
+    """How the run's saved config (<out>/<name>/config.json) or results row differs from `config(run, args)`:
+    one "field: was X, now Y" per differing field, empty when the run is this grid's (module docstring)."""
+    want = _settings(asdict(config(run, args)))
+    saved = []
+    path = Path(args.out) / run.name / "config.json"
+    if path.is_file():
+        try:
+            saved.append((str(path), _settings(json.loads(path.read_text()))))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} is not valid JSON ({e.msg} at line {e.lineno})") from None
+    row = recorded.get(run.name)
+    if row is not None and "config" in row:
+        saved.append((f"{args.results} row", row["config"]))
+    elif row is not None:  # a row written before rows held their config: what it records
+        recorded_settings = {"steps": row.get("steps"), "eval_size": row.get("eval_problems")}
+        if args.eval_size == 0:  # the whole test split: its size is not known here
+            del recorded_settings["eval_size"]
+        saved.append((f"{args.results} row", {**want, **recorded_settings}))
+    missing = object()
+    return [
+        f"{field} was {have.get(field, 'not set')!r}, now {value!r} ({where})"
+        for where, have in saved
+        for field, value in want.items()
+        if have.get(field, missing) != value
+    ]
+
+
+def usage_error(message: str) -> NoReturn:
+    """One line on stderr, exit 2: the study cannot go on as asked."""
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def read_results(path: Path) -> dict[str, dict]:
     """The results file's rows by run name (empty when there is no file)."""
-    return {r["name"]: r for r in plot.read_results(path)} if path.is_file() else {}
+    return {r["name"]: r for r in figures.read_results(path)} if path.is_file() else {}
 
 
 def merge_results(path: Path, new: Sequence[dict]) -> None:
@@ -223,8 +272,16 @@ def calibrate(args: argparse.Namespace) -> None:
     )
 
 
+def _setting(text: str) -> tuple[int, int]:
+    """ "4x1" -> (4, 1): minibatches x epochs."""
+    parts = text.split("x")
+    if len(parts) != 2 or not all(x.isdigit() for x in parts):
+        raise argparse.ArgumentTypeError(f"{text!r} is not MINIBATCHESxEPOCHS, e.g. 4x1")
+    return int(parts[0]), int(parts[1])
+
+
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m study.run", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     p.add_argument("--out", default="runs/study", help="one folder per run in here; default: %(default)s")
     p.add_argument("--results", default="study/results.jsonl", help="results file (JSONL); default: %(default)s")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
@@ -232,7 +289,7 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--off_policy",
         nargs="+",
-        type=lambda s: tuple(int(x) for x in s.split("x")),
+        type=_setting,
         default=list(OFF_POLICY),
         help="MINIBATCHESxEPOCHS, e.g. 4x1 1x4; default: " + " ".join(f"{m}x{e}" for m, e in OFF_POLICY),
     )
@@ -253,6 +310,13 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error(str(e))
     if args.jobs < 1 or args.limit < 0:
         p.error("--jobs must be >= 1 and --limit >= 0")
+    names = [r.name for r in grid(args)]
+    if len(set(names)) < len(names):
+        p.error("the grid lists a run twice: a value is repeated in --variants, --lrs, --off_policy or --seeds")
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        p.error(f"--out {args.out} is a file, not a folder")
+    if Path(args.results).is_dir():
+        p.error(f"--results {args.results} is a folder, not a file")
     return args
 
 
@@ -264,7 +328,18 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         calibrate(args)
         return []
     runs = grid(args)
-    recorded = read_results(Path(args.results))
+    try:
+        recorded = read_results(Path(args.results))
+        changed = {r.name: d for r in runs if (d := differences(r, args, recorded))}
+    except (OSError, ValueError) as e:
+        usage_error(str(e))
+    if changed:
+        name, diff = next(iter(changed.items()))
+        others = f" (and {len(changed) - 1} more runs)" if len(changed) > 1 else ""
+        usage_error(
+            f"run {name}{others} was made with other settings: {'; '.join(diff)}. Choose another --out and --results "
+            "for these settings, or delete the run to make it again"
+        )
     todo = [r for r in runs if r.name not in recorded and not (Path(args.out) / r.name / "summary.json").is_file()]
     total, source = estimate(todo, args)
     print(

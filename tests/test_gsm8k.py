@@ -15,7 +15,7 @@ import pytest
 from tokenizers import Tokenizer, models
 from transformers import PreTrainedTokenizerFast
 
-from troll.gsm8k import extract_answer, format_reward, load_gsm8k, make_prompt, reward
+from troll.gsm8k import extract_answer, is_hub_name, load_gsm8k, make_prompt, reward
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -107,15 +107,6 @@ def test_extraction_table(completion: str, gold: str, extracted: str | None, exp
     assert reward(completion, gold) == expected
 
 
-@pytest.mark.parametrize(
-    ("completion", "expected"),
-    [("... 42\n#### 42", 1.0), ("#### $1,000.", 1.0), ("\\boxed{42}", 0.0), ("42", 0.0), ("#### x", 0.0)],
-)
-def test_format_reward_is_separate_from_correctness(completion: str, expected: float) -> None:
-    assert format_reward(completion) == expected
-    assert reward("#### 41", "42") == 0.0 and format_reward("#### 41") == 1.0
-
-
 # -------------------------------------------------------------------------------------- robustness
 
 
@@ -125,7 +116,6 @@ def test_reward_never_raises_on_random_text() -> None:
     for _ in range(500):
         text = "".join(rng.choices(alphabet, k=rng.randint(0, 60)))
         assert reward(text, "42") in (0.0, 1.0)
-        assert format_reward(text) in (0.0, 1.0)
 
 
 @pytest.mark.parametrize(
@@ -216,6 +206,34 @@ def test_load_malformed_rows_name_file_and_line(tmp_path: Path, bad: dict | str,
     with pytest.raises(ValueError, match=re.escape(str(tmp_path / "train.jsonl")) + " " + message):
         load_gsm8k("train", str(tmp_path))
     assert len(load_gsm8k("train", str(tmp_path), limit=1)) == 1  # rows past the limit are not read
+
+
+def test_load_non_utf8_bytes_name_file_and_line(tmp_path: Path) -> None:
+    data_file = tmp_path / "test.jsonl"
+    data_file.write_bytes((json.dumps(GOOD) + "\n").encode() * 2 + b'{"question": "caf\xe9?", "answer": "#### 1"}\n')
+    with pytest.raises(ValueError, match=re.escape(f"{data_file} line 3: not UTF-8 (byte 0xe9 at column 18)")):
+        load_gsm8k("test", str(tmp_path))
+    assert len(load_gsm8k("test", str(tmp_path), limit=2)) == 2
+
+
+def test_load_empty_and_missing_local_sources(tmp_path: Path) -> None:
+    (tmp_path / "test.jsonl").write_text("\n  \n")
+    with pytest.raises(ValueError, match="holds no rows for split 'test'"):
+        load_gsm8k("test", str(tmp_path))
+    assert load_gsm8k("test", str(tmp_path), limit=0) == []
+    (tmp_path / "sub").mkdir()
+    with pytest.raises(FileNotFoundError, match=re.escape(f"folder {tmp_path / 'sub'} has no test.jsonl")):
+        load_gsm8k("test", str(tmp_path / "sub"))
+    with pytest.raises(FileNotFoundError, match="neither a .jsonl file nor a folder"):
+        load_gsm8k("test", "/dev/null")
+    for missing in (str(tmp_path / "nothing"), "./nothing", "data/gsm8k/test.jsonl"):  # never a hub lookup
+        with pytest.raises(FileNotFoundError, match=re.escape(f"GSM8K source {missing} does not exist")):
+            load_gsm8k("test", missing)
+
+
+def test_hub_names_and_paths() -> None:
+    assert all(map(is_hub_name, ["openai/gsm8k", "gpt2", "Qwen/Qwen2.5-0.5B-Instruct"]))
+    assert not any(map(is_hub_name, ["./data", "/abs/x", "~/x", "runs/x/checkpoints", "a b", "x..y", ""]))
 
 
 def test_hub_rows_are_named_by_index(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,4 +1,4 @@
-"""The study's tooling (study/run.py, study/figures.py, troll.plot.plot_study): a 2-run grid of very short runs
+"""The study's tooling (study/run.py, study/figures.py): a 2-run grid of very short runs
 finishes, writes its results file, is skipped when run again, and the figures render from it; the figure functions
 on a synthetic results file."""
 
@@ -10,7 +10,7 @@ import random
 import pytest
 
 from study import figures, run
-from troll.plot import plot_study, read_results
+from study.figures import plot_study, read_results
 
 SMOKE = ["--variants", "troll-rest", "ppo_clip", "--lrs", "1e-3", "--off_policy", "2x2", "--seeds", "0"]
 SMOKE += ["--steps", "2", "--eval_every", "2", "--eval_size", "16", "--sft_steps", "60"]

@@ -10,6 +10,13 @@ and `summary.json` (accuracy, n, backend, seconds) into `--out`, and prints the 
 Greedy decoding is the rollout backends' own `greedy` (rollout.HFGenerator, vllm_engine.VLLMGenerator), the
 path training evaluates with too, so the numbers agree; it masks output ids past the tokenizer (Qwen's padded
 rows), as the samplers do. `encode`, `decode` and `score` are shared with troll.train.
+
+`--model` (`resolve_model`): a local folder holding a model and its tokenizer (config.json, weights, tokenizer
+files); a run directory, whose `checkpoints/latest` checkpoint is evaluated (said on stderr); or a hub name. A hub
+name is looked up once, with a short timeout: when the hub cannot be reached (or HF_HUB_OFFLINE is set) a copy in
+the local cache is used, else the command stops at once instead of retrying for a minute. A path that does not exist,
+a folder that lacks a model or tokenizer file (named), an unknown hub name, bad --data or a bad number: a usage error,
+exit 2 with one line on stderr, before any model is loaded.
 """
 
 from __future__ import annotations
@@ -17,18 +24,98 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
+import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
-import torch
-
-from troll.rollout import Generator, HFGenerator
 from troll.task import decode, encode, score
+
+if TYPE_CHECKING:
+    from troll.rollout import Generator
+
+
+HUB_TIMEOUT_S = 3.0  # the one hub lookup of a model name (resolve_model)
+WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+TOKENIZER = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
+
+def _model_folder_problem(folder: Path) -> str | None:
+    """What a local model folder lacks to load model and tokenizer with transformers, or None."""
+    missing = [] if (folder / "config.json").is_file() else ["config.json"]
+    for kind, names in (("weights", WEIGHTS), ("tokenizer", TOKENIZER)):
+        if not any((folder / n).is_file() for n in names):
+            missing.append(f"{kind} ({' or '.join(names)})")
+    if not missing:
+        return None
+    hint = " (a run directory without checkpoints)" if (folder / "metrics.jsonl").is_file() else ""
+    return f"{folder} is not a model folder{hint}: it lacks {', '.join(missing)}"
+
+
+def hub_offline() -> bool:
+    """Whether HF_HUB_OFFLINE asks for no network (huggingface_hub reads it the same way)."""
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+
+
+def hub_lookup(name: str, kind: str) -> str | None:
+    """Ask the hub once (HUB_TIMEOUT_S) whether it holds the `kind` ("model" or "dataset") `name`: None when it
+    does, why it could not be asked when it cannot (no network, a timeout); a ValueError when it does not."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    info = HfApi().model_info if kind == "model" else HfApi().dataset_info
+    try:
+        info(name, timeout=HUB_TIMEOUT_S)
+    except GatedRepoError:
+        raise ValueError(f"hub {kind} {name} is gated: accept its terms on the hub and log in") from None
+    except RepositoryNotFoundError:
+        raise ValueError(f"{name} is neither a local path nor a {kind} on the hub") from None
+    except Exception as e:  # no network, a timeout, a server error
+        return f"the hub cannot be reached ({type(e).__name__})"
+    return None
+
+
+def resolve_model(name: str) -> tuple[str, str | None]:
+    """What to load for `--model NAME` (module docstring), and a note saying what was chosen, or None.
+
+    Returns a local folder or a hub name; raises ValueError with a one-line message when there is nothing to load.
+    """
+    path = Path(name).expanduser()
+    if path.exists():
+        note = None
+        if (path / "checkpoints" / "latest").is_file():  # a run directory: its newest complete checkpoint
+            latest = (path / "checkpoints" / "latest").read_text().strip()
+            ckpt = path / "checkpoints" / latest
+            if not latest or not ckpt.is_dir():
+                raise ValueError(f"{path / 'checkpoints' / 'latest'} names {latest!r}, which is not a checkpoint")
+            path, note = ckpt, f"{name} is a run directory: evaluating its latest checkpoint, {ckpt}"
+        if not path.is_dir():
+            raise ValueError(f"{path} is not a folder (pass a model folder, a run directory or a hub name)")
+        problem = _model_folder_problem(path)
+        if problem:
+            raise ValueError(problem)
+        return str(path), note
+    from troll.gsm8k import is_hub_name
+
+    if not is_hub_name(name):
+        raise ValueError(f"model path {name} does not exist")
+    from huggingface_hub import snapshot_download
+
+    reason = "HF_HUB_OFFLINE is set" if hub_offline() else hub_lookup(name, "model")
+    if reason is None:
+        return name, None
+    try:
+        cached = snapshot_download(name, local_files_only=True)
+    except Exception:  # not cached (huggingface_hub's LocalEntryNotFoundError, or an incomplete copy)
+        raise ValueError(f"{name} is not a local path, {reason}, and it is not in the local cache") from None
+    return cached, f"{reason}: using the cached copy of {name}, {cached}"
 
 
 def greedy_generator(backend: str, model_path: str, tokenizer: Any, max_model_len: int) -> Generator:
     """A rollout backend ("hf" or "vllm") holding the model at `model_path`, for its `greedy` method."""
+    import torch
+
     if backend == "vllm":
         from troll.vllm_engine import VLLMGenerator
 
@@ -40,17 +127,17 @@ def greedy_generator(backend: str, model_path: str, tokenizer: Any, max_model_le
 
     from transformers import AutoModelForCausalLM
 
+    from troll.rollout import HFGenerator
+
     device = "cuda" if torch.cuda.is_available() else "cpu"
     return HFGenerator(AutoModelForCausalLM.from_pretrained(model_path).to(device), tokenizer, max_model_len)
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from transformers import AutoTokenizer
-
     from troll import gsm8k
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True)
+    p = argparse.ArgumentParser(prog="python -m troll.evaluate", description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, help="a model folder, a run directory or a hub name")
     p.add_argument("--data", default=gsm8k.HUB_NAME, help="hub name or a folder with test.jsonl")
     p.add_argument(
         "--chat",
@@ -64,9 +151,38 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", default=None, help="output folder (default: evals/<model name>)")
     args = p.parse_args(argv)
 
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    def fail(message: str) -> NoReturn:
+        """A usage error: one line on stderr, exit 2 (no usage text: the flags parsed)."""
+        p.exit(2, f"{p.prog}: error: {message}\n")
+
+    if args.limit is not None and args.limit < 1:
+        fail(f"--limit must be >= 1, got {args.limit}")
+    if args.max_new_tokens < 1:
+        fail(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    out = Path(args.out or Path("evals") / Path(args.model).name)
+    if out.exists() and not out.is_dir():
+        fail(f"--out {out} is a file, not a folder")
+    try:
+        model_path, note = resolve_model(args.model)
+        hub_data = not Path(args.data).expanduser().exists() and gsm8k.is_hub_name(args.data)
+        reason = hub_lookup(args.data, "dataset") if hub_data and not hub_offline() else None
+        if reason:
+            raise ValueError(
+                f"--data {args.data}: {reason}; pass a folder with test.jsonl, or set HF_HUB_OFFLINE=1 to read "
+                "the datasets cache"
+            )
+        rows = gsm8k.load_gsm8k("test", source=args.data, limit=args.limit)
+    except (OSError, ValueError) as e:
+        fail(str(e))
+    if note:
+        print(f"{p.prog}: {note}", file=sys.stderr)
+    import torch  # after the checks: a usage error answers without loading torch
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
     chat = tokenizer.chat_template is not None if args.chat == "auto" else args.chat == "true"
-    rows = gsm8k.load_gsm8k("test", source=args.data, limit=args.limit)
+    if chat and tokenizer.chat_template is None:
+        fail(f"--chat true, but the tokenizer of {args.model} has no chat template")
     prompts = encode(tokenizer, [gsm8k.make_prompt(r["question"], tokenizer, chat=chat) for r in rows])
     backend = args.backend
     if backend == "auto":
@@ -74,10 +190,9 @@ def main(argv: list[str] | None = None) -> dict:
     start = time.time()
     max_model_len = max(len(x) for x in prompts) + args.max_new_tokens
     completions = decode(
-        tokenizer, greedy_generator(backend, args.model, tokenizer, max_model_len).greedy(prompts, args.max_new_tokens)
+        tokenizer, greedy_generator(backend, model_path, tokenizer, max_model_len).greedy(prompts, args.max_new_tokens)
     )
     acc, records = score(rows, completions, gsm8k.reward)
-    out = Path(args.out or Path("evals") / Path(args.model).name)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "predictions.jsonl", "w") as f:
         for rec in records:

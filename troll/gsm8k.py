@@ -1,16 +1,17 @@
 """GSM8K: load the data, build prompts, and score completions with a 0/1 reward.
 
 Data (`load_gsm8k`): a list of dicts {question, answer, gold}, one per row, in file order.
-    source      a hub name ("openai/gsm8k", config "main", read with `datasets`) or an existing local path: a
-                directory holding {train,test}.jsonl, or one .jsonl file (read line by line here; blank lines
-                are skipped)
+    source      an existing local path: a directory holding {train,test}.jsonl, or one .jsonl file (read line by
+                line here; blank lines are skipped); else a hub name ("openai/gsm8k", config "main", read with
+                `datasets`; `is_hub_name`)
     answer      the full reference solution, e.g. "... 9 * 2 = $<<9*2=18>>18 every day.\\n#### 18"
     gold        the text after the last "####", stripped, commas removed: "#### 1,000" -> "1000"
     limit       keeps the first `limit` rows (only those are read and validated)
-    errors      a line that is not a JSON object, a row without a question/answer string, without "####", or
-                with nothing after it raises a ValueError naming the file and line (1-based), e.g.
+    errors      a line that is not UTF-8 or not a JSON object, a row without a question/answer string, without
+                "####", or with nothing after it raises a ValueError naming the file and line (1-based), e.g.
                 "data/test.jsonl line 12: answer has no '####' final-answer marker: ..."; hub rows are named
-                "gsm8k test row 11 (0-based)".
+                "gsm8k test row 11 (0-based)". A local file without rows is a ValueError; a folder without
+                <split>.jsonl, or a path that is neither a file nor a folder, a FileNotFoundError naming it.
 
 Prompts (`make_prompt`): the model is asked for its final answer after "####" (GSM8K's own solution
 format, and verl's GSM8K recipe); `reward` also accepts \\boxed{} and a bare last number.
@@ -50,9 +51,6 @@ Equality (`reward`, 1.0 or 0.0; never substring matching, so "142" never matches
                 guard above. math_verify logs one warning per process when a timeout is None.
     robustness  `reward` never raises on any completion string (empty, garbage, megabytes); it is
                 linear in the completion length, and math_verify's own errors count as 0.
-
-`format_reward` (separate, never folded into `reward`): 1.0 when the completion has a "####" line whose
-answer is a plain number, else 0.0.
 """
 
 from __future__ import annotations
@@ -112,6 +110,18 @@ def _check_row(row: dict[str, Any], where: str) -> dict[str, str]:
     return {"question": row["question"], "answer": row["answer"], "gold": gold}
 
 
+def is_hub_name(name: str) -> bool:
+    """Whether `name` has the form of a hub repository id ("openai/gsm8k", "gpt2"); a path that does not exist and
+    is not one (starts with / . ~, has two slashes, ...) is a missing local path, never a hub lookup."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return True
+
+
 def load_gsm8k(split: str, source: str = HUB_NAME, limit: int | None = None) -> list[dict[str, str]]:
     """Rows {question, answer, gold} of `split` from the hub or a local path (module docstring)."""
     if split not in SPLITS:
@@ -121,25 +131,38 @@ def load_gsm8k(split: str, source: str = HUB_NAME, limit: int | None = None) -> 
     path = Path(source).expanduser()
     if path.exists():
         data_file = path / f"{split}.jsonl" if path.is_dir() else path
+        if path.is_dir() and not data_file.is_file():
+            raise FileNotFoundError(
+                f"local GSM8K folder {path} has no {split}.jsonl (it needs train.jsonl, test.jsonl)"
+            )
         if not data_file.is_file():
-            raise FileNotFoundError(f"no {split}.jsonl in local GSM8K directory {path}")
+            raise FileNotFoundError(f"GSM8K source {path} is neither a .jsonl file nor a folder holding one")
         rows = _jsonl_rows(data_file)
+    elif not is_hub_name(source):
+        raise FileNotFoundError(f"GSM8K source {source} does not exist (and is not a hub name like {HUB_NAME})")
     else:
         import datasets
 
         hub = datasets.load_dataset(source, "main", split=split)
         rows = ((row, f"gsm8k {split} row {i} (0-based)") for i, row in enumerate(hub))
-    return [_check_row(row, where) for row, where in itertools.islice(rows, limit)]
+    checked = [_check_row(row, where) for row, where in itertools.islice(rows, limit)]
+    if not checked and limit != 0:
+        raise ValueError(f"GSM8K source {source} holds no rows for split {split!r}")
+    return checked
 
 
 def _jsonl_rows(path: Path) -> Iterator[tuple[dict[str, Any], str]]:
-    """(row, "<file> line <n>") for every non-blank line of a JSONL file; ValueError on a line that is not a
-    JSON object."""
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, start=1):
-            if not line.strip():
+    """(row, "<file> line <n>") for every non-blank line of a JSONL file, read lazily; ValueError on a line that
+    is not UTF-8 or not a JSON object."""
+    with open(path, "rb") as f:  # bytes, decoded line by line, so a bad byte is named by its line
+        for n, raw in enumerate(f, start=1):
+            if not raw.strip():
                 continue
             where = f"{path} line {n}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{where}: not UTF-8 (byte {raw[e.start]:#04x} at column {e.start + 1})") from None
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
@@ -257,9 +280,3 @@ def reward(completion: str, gold: str) -> float:
     if answer_value is not None and gold_value is not None:
         return float(answer_value == gold_value)
     return float(_math_verify_equal(answer, gold))
-
-
-def format_reward(completion: str) -> float:
-    """1.0 if the completion states its answer as "#### <number>" (the requested format), else 0.0."""
-    raw = _after_hashes(completion)
-    return float(raw is not None and _as_fraction(_clean(raw)) is not None)

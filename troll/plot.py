@@ -5,16 +5,21 @@
 Each run is labelled by its folder name; x is the RL step. Metrics that a run lacks are skipped for it. The held-out
 accuracy (`eval_acc`) starts at step 0, the evaluation before RL, so the curve shows the starting point and the gain.
 
-`plot_study` draws the study's figures from its results file (study/run.py; `python -m study.figures`): accuracy
-after RL against off-policyness per loss, and the distribution of the network's per-update KL per loss.
+Usage errors exit 2 with one line naming the problem: a missing run directory, a missing or empty metrics.jsonl, a
+line in it that is not a JSON object (named by file and line), a row without an integer "step". A torn last line
+(a run killed while appending one) is skipped with a warning naming the file (`read_jsonl`).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 DEFAULT_KEYS = (
     "reward",
@@ -28,11 +33,51 @@ DEFAULT_KEYS = (
 )
 
 
+def read_jsonl(path: str | Path, torn_tail: bool = False) -> list[dict]:
+    """The JSON objects of a JSONL file, one per non-blank line, in file order.
+
+    A line that is not UTF-8, not JSON, or not a JSON object is a ValueError naming the file and the 1-based line.
+    With `torn_tail`, a last line that does not end in a newline and does not parse (what a crash while appending
+    leaves: every complete row ends in one) is skipped with a warning naming the file instead.
+    """
+    path = Path(path)
+    lines = path.read_bytes().split(b"\n")  # the last item is b"" when the file ends with a newline
+    rows = []
+    for n, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        where = f"{path} line {n}"
+        try:
+            row = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            problem = f"not UTF-8 (byte {raw[e.start]:#04x} at column {e.start + 1})"
+        except json.JSONDecodeError as e:
+            problem = f"not valid JSON ({e.msg} at column {e.colno}): {raw[:80].decode('utf-8', 'replace')!r}"
+        else:
+            if not isinstance(row, dict):
+                raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
+            rows.append(row)
+            continue
+        if torn_tail and n == len(lines):
+            message = f"{where}: skipped a torn last line ({problem}), as a run killed mid-write leaves one"
+            warnings.warn(message, stacklevel=2)
+            continue
+        raise ValueError(f"{where}: {problem}")
+    return rows
+
+
 def read_metrics(run: str | Path) -> list[dict]:
+    """The rows of <run>/metrics.jsonl (a torn last line skipped, `read_jsonl`); each has an integer "step"."""
+    if not Path(run).is_dir():
+        raise FileNotFoundError(f"run directory {run} does not exist")
     path = Path(run) / "metrics.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist (is {run} a run directory?)")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = read_jsonl(path, torn_tail=True)
+    for row in rows:
+        if not isinstance(row.get("step"), int) or isinstance(row["step"], bool):
+            raise ValueError(f"{path}: a row without an integer 'step': {json.dumps(row)[:80]}")
+    return rows
 
 
 def series(rows: Sequence[dict], key: str) -> list[tuple[int, float]]:
@@ -45,12 +90,26 @@ def plot_runs(runs: Sequence[str | Path], out: str | Path, keys: Sequence[str] =
     from matplotlib.figure import Figure  # no pyplot: leaves a notebook's inline backend alone
 
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    data = {Path(r).name: read_metrics(r) for r in runs}
-    written = []
+    data = {}
+    for run in runs:
+        name = Path(run).resolve().name
+        if name in data:
+            raise ValueError(f"two runs are named {name!r} (runs are labelled by their folder name)")
+        data[name] = read_metrics(run)
+        if not data[name]:
+            raise ValueError(f"{Path(run) / 'metrics.jsonl'} is empty: the run has logged no step yet")
+    plots = {}  # key -> {run name: points}; every value checked before anything is drawn
     for key in keys:
         curves = {name: series(rows, key) for name, rows in data.items()}
-        curves = {name: pts for name, pts in curves.items() if pts}
+        plots[key] = {name: pts for name, pts in curves.items() if pts}
+        for name, pts in plots[key].items():
+            bad = [(step, v) for step, v in pts if isinstance(v, bool) or not isinstance(v, (int, float))]
+            if bad:
+                raise ValueError(f"run {name}: {key} at step {bad[0][0]} is not a number: {bad[0][1]!r}")
+    if any(plots.values()):
+        out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for key, curves in plots.items():
         if not curves:
             continue
         fig = Figure(figsize=(5, 3.2))
@@ -67,135 +126,30 @@ def plot_runs(runs: Sequence[str | Path], out: str | Path, keys: Sequence[str] =
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description="Plot metrics.jsonl of one or more runs")
-    p.add_argument("runs", nargs="+")
-    p.add_argument("--out", default="plots")
+    p = argparse.ArgumentParser(prog="python -m troll.plot", description="Plot metrics.jsonl of one or more runs")
+    p.add_argument("runs", nargs="+", help="run directories (each holding metrics.jsonl)")
+    p.add_argument("--out", default="plots", help="folder for the PNGs; default: %(default)s")
     args = p.parse_args(argv)
-    for path in plot_runs(args.runs, args.out):
+
+    def fail(message: str) -> NoReturn:
+        """A usage error: one line on stderr, exit 2 (no usage text: the flags parsed)."""
+        p.exit(2, f"{p.prog}: error: {message}\n")
+
+    if importlib.util.find_spec("matplotlib") is None:
+        fail("matplotlib is not installed: pip install matplotlib (or troll[plot])")
+    try:
+        with warnings.catch_warnings(record=True) as caught:  # a skipped torn line: one line on stderr
+            warnings.simplefilter("always")
+            written = plot_runs(args.runs, args.out)
+    except (OSError, ValueError) as e:  # a missing or damaged run directory, an --out that is a file
+        fail(str(e))
+    for w in caught:
+        print(f"{p.prog}: warning: {w.message}", file=sys.stderr)
+    if not written:
+        fail(f"none of the runs logged any of {', '.join(DEFAULT_KEYS)}")
+    for path in written:
         print(path)
 
 
 if __name__ == "__main__":
     main()
-
-
-# ----------------------------------------------------------------------------- the study (study/run.py)
-
-
-def read_results(path: str | Path) -> list[dict]:
-    """The rows of a study results file (JSONL, one finished run per line)."""
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-
-
-def _by(rows: Sequence[dict], *keys: str) -> dict[tuple, list[dict]]:
-    groups: dict[tuple, list[dict]] = {}
-    for r in rows:
-        groups.setdefault(tuple(r[k] for k in keys), []).append(r)
-    return dict(sorted(groups.items()))
-
-
-def plot_study(rows: Sequence[dict], out: str | Path) -> list[Path]:
-    """The study's figures from its results rows; returns the written paths:
-
-    accuracy_vs_off_policy.png   held-out accuracy after RL against off-policyness (minibatches x epochs, log
-                                 axis), one panel per lr, one colour per loss; a point is the mean over seeds,
-                                 its bar the min-max; circles and solid lines: 1 epoch, squares and dashed lines:
-                                 more epochs (drawn a little to the right, so 4x1 and 1x4 do not overlap); the
-                                 dotted line is the mean accuracy before RL (the warm-start); the black star is the
-                                 on-policy run (1x1, one variant standing for every loss).
-    kl_update.png                the network's own exact KL(p_new || p_old) per update, its per-step mean (top)
-                                 and max (bottom): one box per loss and setting over all its seeds' steps (black:
-                                 the on-policy 1x1 run), one panel per lr, log scale, whiskers 1.5 IQR.
-    """
-    from matplotlib.figure import Figure
-
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    lrs = sorted({r["lr"] for r in rows})
-    variants = list(dict.fromkeys(r["variant"] for r in rows))
-    colours = {v: f"C{i}" for i, v in enumerate(variants)}
-    on_policy = [r for r in rows if r["off_policy"] == 1]
-    off_policy = [r for r in rows if r["off_policy"] > 1]
-
-    fig = Figure(figsize=(4.2 * len(lrs), 3.6))
-    axes = fig.subplots(1, len(lrs), squeeze=False, sharey=True)[0]
-    for ax, lr in zip(axes, lrs, strict=True):
-        at_lr = [r for r in rows if r["lr"] == lr]
-        ax.axhline(sum(r["eval_before"] for r in at_lr) / len(at_lr), color="grey", ls=":", lw=1, label="before RL")
-        for (_, epochs, variant), runs in _by(
-            [r for r in off_policy if r["lr"] == lr], "lr", "epochs", "variant"
-        ).items():
-            # side by side, not on top: losses spread a little, settings with more epochs a little further right
-            shift = 2 ** (0.04 * (variants.index(variant) - len(variants) / 2) + (0.25 if epochs > 1 else 0.0))
-            pts = []
-            for (x,), group in _by(runs, "off_policy").items():
-                accs = [r["eval_after"] for r in group]
-                pts.append((x * shift, sum(accs) / len(accs), min(accs), max(accs)))
-            xs, mean, low, high = zip(*pts, strict=True)
-            yerr = [[m - lo for m, lo in zip(mean, low, strict=True)], [h - m for m, h in zip(mean, high, strict=True)]]
-            label = variant if epochs == min(r["epochs"] for r in off_policy if r["variant"] == variant) else None
-            ax.errorbar(
-                xs,
-                mean,
-                yerr=yerr,
-                color=colours[variant],
-                ls="-" if epochs == 1 else "--",
-                marker="o" if epochs == 1 else "s",
-                ms=4,
-                capsize=2,
-                label=label,
-            )
-        accs = [r["eval_after"] for r in on_policy if r["lr"] == lr]
-        if accs:
-            m = sum(accs) / len(accs)
-            ax.errorbar(
-                [1],
-                [m],
-                yerr=[[m - min(accs)], [max(accs) - m]],
-                color="k",
-                marker="*",
-                ms=9,
-                capsize=2,
-                label="on-policy (1x1)",
-            )
-        ax.set_xscale("log", base=2)
-        ax.set(xlabel="off-policyness: minibatches x epochs", title=f"lr {lr:g}")
-    axes[0].set_ylabel("held-out accuracy after RL")
-    axes[0].plot([], [], "o-", color="grey", label="1 epoch")
-    axes[0].plot([], [], "s--", color="grey", label="more epochs")
-    axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    written = [out / "accuracy_vs_off_policy.png"]
-    fig.savefig(written[-1], dpi=110)
-
-    settings = sorted({(r["minibatches"], r["epochs"]) for r in rows}, key=lambda s: (s[0] * s[1], s[1]))
-    fig = Figure(figsize=(4.2 * len(lrs), 6.4))
-    axes = fig.subplots(2, len(lrs), squeeze=False, sharey="row")
-    width = 0.8 / max(len(variants), 1)
-    for row_axes, key in zip(axes, ("kl_update_mean", "kl_update_max"), strict=True):
-        for ax, lr in zip(row_axes, lrs, strict=True):
-            for j, setting in enumerate(settings):
-                for i, variant in enumerate(variants):
-                    runs = [r for r in rows if r["lr"] == lr and r["variant"] == variant]
-                    vals = [v for r in runs if (r["minibatches"], r["epochs"]) == setting for v in r[key] if v > 0]
-                    if not vals:
-                        continue
-                    box = ax.boxplot(
-                        [vals],
-                        positions=[j + (i - (len(variants) - 1) / 2) * width],
-                        widths=width * 0.9,
-                        patch_artist=True,
-                        showfliers=False,
-                    )
-                    box["boxes"][0].set(facecolor=colours[variant] if setting != (1, 1) else "k", alpha=0.6)
-            ax.set_yscale("log")
-            ax.set_xticks(range(len(settings)), [f"{m}x{e}" for m, e in settings])
-            ax.set(title=f"lr {lr:g}", xlabel="minibatches x epochs")
-        row_axes[0].set_ylabel(f"{key} per RL step")
-    handles = [axes[0][0].plot([], [], "s", color=colours[v], alpha=0.6, label=v)[0] for v in variants]
-    axes[0][0].legend(handles=handles, fontsize=7)
-    fig.suptitle("the network's exact KL(p_new || p_old) per update, over the vocabulary", fontsize=10)
-    fig.tight_layout()
-    written.append(out / "kl_update.png")
-    fig.savefig(written[-1], dpi=110)
-    return written

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from troll import addition, gsm8k
-from troll.rollout import Generator
+
+if TYPE_CHECKING:
+    from troll.rollout import Generator
 
 
 @dataclass

@@ -1,0 +1,266 @@
+"""Every command refuses bad input with one line naming the problem: exit 2, no traceback (issue 22).
+
+Each case runs the command as a subprocess (`sys.executable -m ...` or `sys.executable bench/x.py`), the way a user
+does. Errors found by this project's own checks are one line on stderr; argparse's own (a bad flag value) print the
+usage first, so for those the last line is checked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from study import figures
+from study import run as study_run
+
+ROOT = Path(__file__).resolve().parents[1]
+GOOD = {"question": "What is 6 * 7?", "answer": "6 * 7 = 42\n#### 42"}
+
+
+def command(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_WAIT_POLICY": "PASSIVE", **(env or {})},
+    )
+
+
+def refused(result: subprocess.CompletedProcess, *words: str, usage: bool = False) -> str:
+    """Assert exit 2, no traceback, and an error line naming `words`; returns that line."""
+    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    if not usage:
+        assert len(lines) == 1, result.stderr
+    assert ": error: " in lines[-1], result.stderr
+    for word in words:
+        assert word in lines[-1], (word, lines[-1])
+    return lines[-1]
+
+
+# ------------------------------------------------------------------------------------------ troll.evaluate
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("gsm8k")
+    (path / "test.jsonl").write_text(json.dumps(GOOD) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    """A folder that holds every file a model folder needs (never loaded: the tests stop before)."""
+    path = tmp_path_factory.mktemp("model")
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        (path / name).write_text("{}")
+    return path
+
+
+def evaluate(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return command("-m", "troll.evaluate", *argv, env=env)
+
+
+@pytest.mark.parametrize("missing", ["./no/such/model", "/no/such/model", "runs/x/checkpoints/step-000250"])
+def test_evaluate_missing_model_path(missing, data_dir):
+    refused(evaluate("--model", missing, "--data", str(data_dir)), f"model path {missing} does not exist")
+
+
+def test_evaluate_folder_without_model_names_the_missing_files(tmp_path, data_dir):
+    (tmp_path / "config.json").write_text("{}")
+    line = refused(evaluate("--model", str(tmp_path), "--data", str(data_dir)), str(tmp_path), "not a model folder")
+    assert "weights" in line and "tokenizer" in line and "config.json" not in line
+
+
+def test_evaluate_run_directory(tmp_path, data_dir, model_dir):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text('{"step": 0, "eval_acc": 0.1}\n')
+    refused(evaluate("--model", str(run), "--data", str(data_dir)), "run directory without checkpoints")
+    (run / "checkpoints" / "latest").write_text("step-000250")
+    refused(evaluate("--model", str(run), "--data", str(data_dir)), "names 'step-000250'", "not a checkpoint")
+    # a complete run directory resolves to its latest checkpoint, and says so (the model here is no real model:
+    # loading it fails later, which is not what this test is about)
+    (run / "checkpoints" / "step-000250").mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        (run / "checkpoints" / "step-000250" / name).write_text("{}")
+    result = evaluate("--model", str(run), "--data", str(data_dir), "--limit", "1", "--out", str(tmp_path / "e"))
+    assert f"evaluating its latest checkpoint, {run / 'checkpoints' / 'step-000250'}" in result.stderr
+
+
+def test_evaluate_model_file_not_folder(tmp_path, data_dir):
+    (tmp_path / "model.bin").write_text("x")
+    refused(evaluate("--model", str(tmp_path / "model.bin"), "--data", str(data_dir)), "is not a folder")
+
+
+@pytest.mark.parametrize("offline", ["", "1"])
+def test_evaluate_unknown_hub_name_fails_fast(offline, data_dir, tmp_path):
+    """No hub is reachable from the test machine (or HF_HUB_OFFLINE says not to try): not a minute of retries."""
+    env = {"HF_HUB_OFFLINE": offline, "HF_HOME": str(tmp_path / "hf")}  # an empty cache
+    start = time.perf_counter()
+    result = evaluate("--model", "nobody/no-such-model-troll", "--data", str(data_dir), env=env)
+    assert time.perf_counter() - start < 30  # interpreter start-up included; the lookup itself is < 3 s
+    line = refused(result, "nobody/no-such-model-troll")
+    assert "not in the local cache" in line or "not a model on the hub" in line, line
+
+
+def test_evaluate_bad_data_and_numbers(tmp_path, model_dir, data_dir):
+    refused(evaluate("--model", str(model_dir), "--data", str(tmp_path / "none")), "does not exist")
+    (tmp_path / "empty").mkdir()
+    refused(evaluate("--model", str(model_dir), "--data", str(tmp_path / "empty")), "has no test.jsonl")
+    (tmp_path / "empty" / "test.jsonl").write_bytes(b'{"question": "caf\xe9", "answer": "#### 1"}\n')
+    refused(evaluate("--model", str(model_dir), "--data", str(tmp_path / "empty")), "test.jsonl line 1", "UTF-8")
+    (tmp_path / "empty" / "test.jsonl").write_text("\n")
+    refused(evaluate("--model", str(model_dir), "--data", str(tmp_path / "empty")), "holds no rows")
+    refused(evaluate("--model", str(model_dir), "--data", str(data_dir), "--limit", "0"), "--limit must be >= 1")
+    refused(evaluate("--model", str(model_dir), "--data", str(data_dir), "--max-new-tokens", "0"), "--max-new")
+    (tmp_path / "file").write_text("")
+    refused(evaluate("--model", str(model_dir), "--data", str(data_dir), "--out", str(tmp_path / "file")), "--out")
+    refused(evaluate("--model", str(model_dir), "--limit", "x"), "--limit", usage=True)
+
+
+# ------------------------------------------------------------------------------------------------ troll.plot
+
+
+def plot(*argv: str) -> subprocess.CompletedProcess:
+    return command("-m", "troll.plot", *argv)
+
+
+def test_plot_missing_or_empty_run(tmp_path):
+    refused(plot(str(tmp_path / "nope"), "--out", str(tmp_path / "p")), f"run directory {tmp_path / 'nope'}")
+    refused(plot(str(tmp_path), "--out", str(tmp_path / "p")), "metrics.jsonl does not exist")
+    (tmp_path / "metrics.jsonl").write_text("")
+    refused(plot(str(tmp_path), "--out", str(tmp_path / "p")), "metrics.jsonl is empty")
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "unplotted": 2}\n')
+    refused(plot(str(tmp_path), "--out", str(tmp_path / "p")), "none of the runs logged")
+    assert not (tmp_path / "p").exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ('{"step": 1, "reward": 0.5}\n{"step": 2, "rew\n{"step": 3, "reward": 0.5}\n', ["line 2", "not valid JSON"]),
+        ('{"step": 1, "reward": 0.5}\n[1]\n', ["line 2", "expected a JSON object"]),
+        ('{"step": 1, "reward": 0.5}\n{"reward": 0.5}\n', ["without an integer 'step'"]),
+        ('{"step": 1, "reward": 0.5}\n{"step": 2, "reward": "high"}\n', ["reward at step 2 is not a number"]),
+        (b'{"step": 1, "reward": 0.5}\n{"step": 2, "x": "\xff"}\n', ["line 2", "not UTF-8"]),
+        ('{"step": 1, "reward": 0.5}\n{"step": 2, "reward": 0.5\n', ["line 2", "not valid JSON"]),  # ends in \n
+    ],
+)
+def test_plot_damaged_metrics_name_file_and_line(tmp_path, text, words):
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    refused(plot(str(tmp_path), "--out", str(tmp_path / "p")), *words)
+    assert not (tmp_path / "p").exists()
+
+
+def test_plot_tolerates_a_torn_last_line(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 0, "eval_acc": 0.2}\n{"step": 1, "reward": 0.5}\n{"step": 2, "rew')
+    result = plot(str(run), "--out", str(tmp_path / "p"))
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    assert sorted(p.name for p in (tmp_path / "p").iterdir()) == ["eval_acc.png", "reward.png"]
+    (warning,) = result.stderr.strip().splitlines()
+    assert f"{run / 'metrics.jsonl'} line 3: skipped a torn last line" in warning
+
+
+def test_plot_out_is_a_file_and_two_runs_of_one_name(tmp_path):
+    for name in ("a/run", "b/run"):
+        (tmp_path / name).mkdir(parents=True)
+        (tmp_path / name / "metrics.jsonl").write_text('{"step": 1, "reward": 0.5}\n')
+    (tmp_path / "file").write_text("")
+    refused(plot(str(tmp_path / "a/run"), "--out", str(tmp_path / "file")), "file")
+    refused(plot(str(tmp_path / "a/run"), str(tmp_path / "b/run")), "two runs are named 'run'")
+
+
+# ------------------------------------------------------------------------------------- study.figures / run
+
+
+def test_figures_missing_empty_or_damaged_results(tmp_path):
+    path = tmp_path / "results.jsonl"
+    refused(command("-m", "study.figures", str(path)), f"results file {path} does not exist")
+    path.write_text("")
+    refused(command("-m", "study.figures", str(path)), "holds no finished runs")
+    path.write_text('{"name": "x", "variant": "troll-rest"}\n')
+    refused(command("-m", "study.figures", str(path)), "run 'x' lacks", "eval_after")
+    path.write_text('{"name": "x"\n')
+    refused(command("-m", "study.figures", str(path)), "line 1", "not valid JSON")
+
+
+SMALL = ["--variants", "troll-rest", "--lrs", "1e-3", "--off_policy", "2x2", "--seeds", "0", "--steps", "2"]
+
+
+def test_study_refuses_a_run_made_with_other_settings(tmp_path):
+    out, results = tmp_path / "runs", tmp_path / "results.jsonl"
+    args = study_run.parse([*SMALL, "--out", str(out), "--results", str(results)])
+    (name,) = [r.name for r in study_run.grid(args)]
+    (out / name).mkdir(parents=True)
+    cfg = study_run.config(study_run.grid(args)[0], args)
+    cfg.save(out / name / "config.json")
+    argv = ["-m", "study.run", *SMALL, "--out", str(out), "--results", str(results), "--dry-run"]
+    assert command(*argv).returncode == 0  # the same settings: resumed, not refused
+    line = refused(command(*argv[:-1], "--eval_size", "16", "--dry-run"), f"run {name}", "eval_size was 400, now 16")
+    assert str(out / name / "config.json") in line
+    (out / name / "config.json").unlink()  # a results row (committed file: no config) with other steps
+    row = dict.fromkeys(figures.FIELDS, 0) | {"name": name, "eval_problems": 400}
+    results.write_text(json.dumps(row | {"steps": 40}) + "\n")
+    refused(command(*argv), f"run {name}", "steps was 40, now 2")
+    results.write_text(json.dumps(row | {"steps": 2}) + "\n")
+    assert command(*argv).returncode == 0
+    results.write_text('{"name": \n')
+    refused(command(*argv), "results.jsonl line 1")
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--off_policy", "4y1"], ["--off_policy", "MINIBATCHESxEPOCHS"]),
+        (["--seeds", "0", "0"], ["lists a run twice"]),
+        (["--lrs", "nan"], ["lr must be > 0"]),
+        (["--jobs", "0"], ["--jobs must be >= 1"]),
+        (["--variants", "nope"], ["--variants"]),
+    ],
+)
+def test_study_bad_flags(tmp_path, flags, words):
+    refused(command("-m", "study.run", "--out", str(tmp_path), "--dry-run", *flags), *words, usage=True)
+
+
+def test_study_out_and_results_paths(tmp_path):
+    (tmp_path / "file").write_text("")
+    argv = ["-m", "study.run", "--dry-run"]
+    refused(command(*argv, "--out", str(tmp_path / "file")), "--out", "is a file", usage=True)
+    refused(command(*argv, "--out", str(tmp_path), "--results", str(tmp_path)), "--results", "folder", usage=True)
+
+
+# ---------------------------------------------------------------------------------------------------- bench
+
+
+@pytest.mark.parametrize(
+    ("script", "flags", "words"),
+    [
+        ("projection.py", ["--n", "0"], ["--n", "must be >= 1"]),
+        ("projection.py", ["--device", "bogus"], ["--device", "not a torch device"]),
+        ("real_shapes.py", ["--models", "nope"], ["--models", "expected a comma list"]),
+        ("real_shapes.py", ["--rows", "0"], ["--rows"]),
+        ("real_shapes.py", ["--json", "/no/such/folder/x.json"], ["--json", "folder does not exist"]),
+        ("rollout.py", ["--heads", "3"], ["multiple of --heads"]),
+        ("rollout.py", ["--prompts", "x"], ["--prompts", "not an integer"]),
+        ("sparse_models.py", ["--delta", "1"], ["--delta must be in [0, 1)"]),
+        ("sparse_models.py", ["--eps", "-1"], ["--eps", "> 0"]),
+        ("step.py", ["--repeats", "0"], ["--repeats", "must be >= 1"]),
+        ("trl_compare.py", ["--lr", "inf"], ["--lr", "finite"]),
+        ("trl_compare.py", ["--prompts", "3", "--n", "1", "--minibatches", "2"], ["divisible"]),
+    ],
+)
+def test_bench_bad_arguments(script, flags, words):
+    refused(command(str(ROOT / "bench" / script), *flags), *words, usage=True)
