@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from troll.plot import read_jsonl
+from troll.checkpoint import read_jsonl
 
 # the fields of a results row that the figures read
 FIELDS = (

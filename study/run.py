@@ -120,6 +120,7 @@ def config(run: Run, args: argparse.Namespace) -> Config:
         sft_batch=64,  # the warm-start the committed study ran with: 250 steps of 64, no target (the preset's then)
         sft_target=0.0,
         reverse_sum=False,  # the study ran on sums written the usual way, before the preset reversed them
+        kl_update_vocab=4096,  # the network's exact per-update KL (troll.diagnostics), a result of the study
         out=str(Path(args.out) / run.name),
     )
 

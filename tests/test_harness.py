@@ -45,7 +45,7 @@ def test_torn_metrics_line_is_repaired_on_resume(tmp_path):
 def test_a_bad_line_before_the_last_is_named(tmp_path):
     path = tmp_path / "m.jsonl"
     path.write_text('{"step": 1}\nnot json\n{"step": 2}\n')
-    with pytest.raises(ValueError, match=r"m.jsonl, line 2"):
+    with pytest.raises(ValueError, match=r"m.jsonl line 2"):
         read_jsonl(path)
 
 

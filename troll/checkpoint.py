@@ -12,9 +12,10 @@
   damaged or missing file of one (a truncated trainer.pt or safetensors file, missing tokenizer files), so resume
   can fall back to the older one and say why.
 - JSON files are written through a temporary file and a rename (`write_json`, `rewrite_jsonl`). JSONL logs are
-  appended a line at a time and flushed to disk; `read_jsonl` tolerates a torn last line (a crash or a full disk
-  during an append), says so, and with `repair=True` rewrites the file without it. A bad line before the last is
-  a ValueError naming the file and line.
+  appended a line at a time and flushed to disk; `read_jsonl(torn_tail=True)` skips a torn last line (a crash or
+  a full disk during an append) with a warning, and resume's `truncate_jsonl` rewrites the file without it. Any
+  other bad line is a ValueError naming the file and line.
+- torch is imported only to write and read trainer.pt, so the log readers (troll.plot) load without it.
 """
 
 from __future__ import annotations
@@ -27,8 +28,6 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-
-import torch
 
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 TOKENIZER = ("tokenizer.json", "tokenizer_config.json")
@@ -43,6 +42,8 @@ def save_checkpoint(out: Path, model: Any, tokenizer: Any, opt: Any, sched: Any,
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
+    import torch
+
     torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), **state}, tmp / "trainer.pt")
     shutil.rmtree(root / name, ignore_errors=True)
     os.replace(tmp, root / name)
@@ -80,6 +81,8 @@ def check_checkpoint(ckpt: Path) -> str | None:
 
 def load_trainer_state(ckpt: Path) -> dict:
     """trainer.pt of a checkpoint: {optimizer, scheduler, step, ...the run's state}."""
+    import torch
+
     return torch.load(ckpt / "trainer.pt", weights_only=False)
 
 
@@ -123,26 +126,36 @@ def append_jsonl(path: Path, rows: Sequence[dict]) -> None:
         os.fsync(f.fileno())
 
 
-def read_jsonl(path: Path, repair: bool = False) -> list[dict]:
-    """The rows of a JSONL log. A last line that does not parse (torn by a crash or a full disk) is dropped with a
-    warning and, with `repair`, removed from the file; any other bad line is a ValueError naming file and line."""
-    rows: list[dict] = []
-    lines = Path(path).read_bytes().split(b"\n") if Path(path).exists() else []
-    if lines and lines[-1] == b"":
-        lines.pop()
-    for i, line in enumerate(lines):
+def read_jsonl(path: str | Path, torn_tail: bool = False) -> list[dict]:
+    """The JSON objects of a JSONL file, one per non-blank line, in file order.
+
+    A line that is not UTF-8, not JSON, or not a JSON object is a ValueError naming the file and the 1-based line.
+    With `torn_tail`, a last line that does not end in a newline and does not parse (what a crash while appending
+    leaves: every complete row ends in one) is skipped with a warning naming the file instead.
+    """
+    path = Path(path)
+    lines = path.read_bytes().split(b"\n")  # the last item is b"" when the file ends with a newline
+    rows = []
+    for n, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        where = f"{path} line {n}"
         try:
-            row = json.loads(line)
+            row = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            problem = f"not UTF-8 (byte {raw[e.start]:#04x} at column {e.start + 1})"
+        except json.JSONDecodeError as e:
+            problem = f"not valid JSON ({e.msg} at column {e.colno}): {raw[:80].decode('utf-8', 'replace')!r}"
+        else:
             if not isinstance(row, dict):
-                raise ValueError("not a JSON object")
-        except ValueError as e:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
-            if i < len(lines) - 1:
-                raise ValueError(f"{path}, line {i + 1}: {e}") from None
-            warnings.warn(f"{path}: dropped a torn last line {i + 1} (a crash during a write)", stacklevel=2)
-            if repair:
-                rewrite_jsonl(Path(path), rows)
-            break
-        rows.append(row)
+                raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
+            rows.append(row)
+            continue
+        if torn_tail and n == len(lines):
+            message = f"{where}: skipped a torn last line ({problem}), as a run killed mid-write leaves one"
+            warnings.warn(message, stacklevel=2)
+            continue
+        raise ValueError(f"{where}: {problem}")
     return rows
 
 
@@ -153,4 +166,4 @@ def rewrite_jsonl(path: Path, rows: Sequence[dict]) -> None:
 
 def truncate_jsonl(path: Path, step: int) -> None:
     """Keep only the rows of steps <= step (resume: later rows are written again); atomic."""
-    rewrite_jsonl(path, [r for r in read_jsonl(path) if r.get("step", 0) <= step])
+    rewrite_jsonl(path, [r for r in read_jsonl(path, torn_tail=True) if r.get("step", 0) <= step])

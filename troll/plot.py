@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from troll.checkpoint import read_jsonl
+
 DEFAULT_KEYS = (
     "reward",
     "eval_acc",
@@ -31,39 +33,6 @@ DEFAULT_KEYS = (
     "response_len_mean",
     "grad_norm",
 )
-
-
-def read_jsonl(path: str | Path, torn_tail: bool = False) -> list[dict]:
-    """The JSON objects of a JSONL file, one per non-blank line, in file order.
-
-    A line that is not UTF-8, not JSON, or not a JSON object is a ValueError naming the file and the 1-based line.
-    With `torn_tail`, a last line that does not end in a newline and does not parse (what a crash while appending
-    leaves: every complete row ends in one) is skipped with a warning naming the file instead.
-    """
-    path = Path(path)
-    lines = path.read_bytes().split(b"\n")  # the last item is b"" when the file ends with a newline
-    rows = []
-    for n, raw in enumerate(lines, start=1):
-        if not raw.strip():
-            continue
-        where = f"{path} line {n}"
-        try:
-            row = json.loads(raw.decode("utf-8"))
-        except UnicodeDecodeError as e:
-            problem = f"not UTF-8 (byte {raw[e.start]:#04x} at column {e.start + 1})"
-        except json.JSONDecodeError as e:
-            problem = f"not valid JSON ({e.msg} at column {e.colno}): {raw[:80].decode('utf-8', 'replace')!r}"
-        else:
-            if not isinstance(row, dict):
-                raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
-            rows.append(row)
-            continue
-        if torn_tail and n == len(lines):
-            message = f"{where}: skipped a torn last line ({problem}), as a run killed mid-write leaves one"
-            warnings.warn(message, stacklevel=2)
-            continue
-        raise ValueError(f"{where}: {problem}")
-    return rows
 
 
 def read_metrics(run: str | Path) -> list[dict]:
