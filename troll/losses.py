@@ -183,7 +183,8 @@ def _check_behaviour(behaviour_logp: Tensor | None, is_cap: float, tokens: Tenso
             raise ValueError(f"is_cap={is_cap!r} truncates the IS weight, which needs behaviour_logp (got None)")
         return
     if not isinstance(behaviour_logp, Tensor) or not behaviour_logp.is_floating_point():
-        raise ValueError(f"behaviour_logp must be a float tensor [B, T] of log mu(y), got {type(behaviour_logp)}")
+        got = behaviour_logp.dtype if isinstance(behaviour_logp, Tensor) else type(behaviour_logp).__name__
+        raise ValueError(f"behaviour_logp must be a float tensor [B, T] of log mu(y), got {got}")
     if behaviour_logp.shape != tokens.shape:
         raise ValueError(
             f"behaviour_logp must have the shape of tokens {tuple(tokens.shape)}, got {tuple(behaviour_logp.shape)}"
