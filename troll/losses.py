@@ -43,13 +43,33 @@ Aggregation `agg` (identical for every term of a loss), x [B, T] -> scalar:
     seq-mean-token-sum-norm  mean_i( sum_t(x * m) / T_norm )      (Dr.GRPO; T_norm = T unless given)
 where mean_i runs over the responses with at least one real token (an empty one is left out, as in verl).
 
+Off-policy data (docs/algorithm.md, section 10). When the samples come from a behaviour policy mu other than the
+anchor q (a stale or lower-precision sampler), `behaviour_logp` [B, T] (log mu(y_t), the sampler's log-prob of each
+sampled token; padding is never read) turns on the decoupled objective: the policy-gradient term of each token is
+weighted by the constant
+
+    w_t = sg(min(q(y_t) / mu(y_t), is_cap))        (is_cap = inf: plain IS; finite, >= 1: truncated IS)
+
+and the trust region (TROLL's projection and regression, PPO's clip, DPPO's mask, CISPO's cap) stays around q:
+
+    troll_loss  agg(-w A pi*(y)/q(y)) + alpha agg(KL(p || sg(pi*)))
+    ppo_clip    agg(-w min(r A, clip(r) A))
+    dppo        agg(-w A sg(min(r, c)) M log p(y))
+    cispo       agg(-w A sg(min(r, 1 + eps_high)) log p(y))
+
+With level="sequence" the weight is per response and matches GSPO's ratio: w_i = min(exp(mean_t log(q(y_t) /
+mu(y_t))), is_cap), so w_i s_i = exp(mean_t log(pi(y_t) / mu(y_t))), the sequence ratio against the sampler.
+behaviour_logp=None (the default) leaves every loss as above, bit for bit.
+
 Metrics (python floats; KL is of the current policy p to q over the support's atoms):
     policy, regression, kl_before_mean/max, kl_after_mean/max (after projection; = kl_before for baselines),
     frac_active (tokens projected / clipped / masked), ratio_mean/min/max (the ratio in the policy term),
-    entropy (of p, exact, from its full logits), and for troll the solver stats of Projection.stats().
+    entropy (of p, exact, from its full logits), and for troll the solver stats of Projection.stats(); with
+    behaviour_logp, is_weight_mean / is_weight_max (of w, over the real tokens) and is_frac_truncated (the share of
+    real tokens whose weight was capped).
 
 Inputs are checked: shapes, a bool mask, finite advantages, a known level / aggregation / support, finite
-alpha >= 0; each error names the argument.
+alpha >= 0, behaviour_logp [B, T] and finite on real tokens, is_cap >= 1; each error names the argument.
 """
 
 from __future__ import annotations
@@ -106,6 +126,8 @@ def _support(
     delta: float,
     agg: str,
     level: str = "token",
+    behaviour_logp: Tensor | None = None,
+    is_cap: float = math.inf,
 ) -> Support:
     """Check the common inputs and put p and q on shared atoms over the B*T rows (sparse.build_support)."""
     b, t = tokens.shape if tokens.dim() == 2 else (-1, -1)
@@ -122,6 +144,7 @@ def _support(
         raise ValueError(f"unknown aggregation agg={agg!r}; choose from {AGGREGATIONS}")
     if level not in LEVELS:
         raise ValueError(f"unknown level={level!r}; choose from {LEVELS}")
+    _check_behaviour(behaviour_logp, is_cap, tokens, mask)
     return build_support(logits.reshape(b * t, logits.shape[-1]), tokens.reshape(-1), old, support, k, delta)
 
 
@@ -151,6 +174,54 @@ def _sequence_ratio(log_r: Tensor, mask: Tensor) -> Tensor:
     return torch.exp(seq.detach() + log_r - log_r.detach())
 
 
+def _check_behaviour(behaviour_logp: Tensor | None, is_cap: float, tokens: Tensor, mask: Tensor) -> None:
+    """Refuse an unusable behaviour log-prob [B, T] or IS cap, naming the argument."""
+    if isinstance(is_cap, bool) or not isinstance(is_cap, (int, float)) or not is_cap >= 1:  # NaN fails >= 1
+        raise ValueError(f"is_cap must be a number >= 1 (math.inf: no truncation), got {is_cap!r}")
+    if behaviour_logp is None:
+        if is_cap != math.inf:
+            raise ValueError(f"is_cap={is_cap!r} truncates the IS weight, which needs behaviour_logp (got None)")
+        return
+    if not isinstance(behaviour_logp, Tensor) or not behaviour_logp.is_floating_point():
+        got = behaviour_logp.dtype if isinstance(behaviour_logp, Tensor) else type(behaviour_logp).__name__
+        raise ValueError(f"behaviour_logp must be a float tensor [B, T] of log mu(y), got {got}")
+    if behaviour_logp.shape != tokens.shape:
+        raise ValueError(
+            f"behaviour_logp must have the shape of tokens {tuple(tokens.shape)}, got {tuple(behaviour_logp.shape)}"
+        )
+    if not bool(torch.isfinite(behaviour_logp[mask]).all()):
+        raise ValueError("behaviour_logp contains NaN or inf on a real token (log mu(y) of a sampled token is finite)")
+
+
+def _is_weight(
+    s: Support, behaviour_logp: Tensor | None, is_cap: float, mask: Tensor, level: str = "token"
+) -> tuple[Tensor | None, dict[str, float]]:
+    """The decoupled objective's weight w = sg(min(q(y) / mu(y), is_cap)) [B, T] (per response, as GSPO's ratio, for
+    level="sequence"; module docstring) and its metrics; (None, {}) without behaviour_logp."""
+    if behaviour_logp is None:
+        return None, {}
+    with torch.no_grad():
+        lq_y = s.lq_y.view(mask.shape)
+        log_w = torch.where(mask, lq_y - behaviour_logp.to(lq_y.dtype), 0.0)  # padding may hold anything
+        if level == "sequence":
+            m = mask.to(log_w.dtype)
+            log_w = ((log_w * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp_min(1)).expand_as(log_w)
+        raw = log_w.exp()
+        w = raw.clamp_max(is_cap)  # a capped token's weight is the cap exactly
+        real = w[mask].double()
+        metrics = {
+            "is_weight_mean": float(real.mean()) if real.numel() else 1.0,
+            "is_weight_max": float(real.max()) if real.numel() else 1.0,
+            "is_frac_truncated": float(aggregate((raw > is_cap).to(w.dtype), mask)),
+        }
+    return w, metrics
+
+
+def _weigh(x: Tensor, w: Tensor | None) -> Tensor:
+    """x [B, T] times the IS weight w [B, T]; x itself (the same tensor, bit for bit) without one."""
+    return x if w is None else w * x
+
+
 def troll_loss(
     logits: Tensor,
     tokens: Tensor,
@@ -167,22 +238,26 @@ def troll_loss(
     norm_len: int | None = None,
     level: str = "token",
     detach_dual: bool = False,
+    behaviour_logp: Tensor | None = None,
+    is_cap: float = math.inf,
 ) -> LossOut:
-    """TROLL: importance ratio of the projected policy, plus the regression of p onto sg(pi*)."""
+    """TROLL: importance ratio of the projected policy, plus the regression of p onto sg(pi*); with behaviour_logp
+    the ratio term is weighted by w = sg(min(q(y) / mu(y), is_cap)) (module docstring)."""
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not (math.isfinite(alpha) and alpha >= 0):
         raise ValueError(f"alpha must be a finite number >= 0, got {alpha!r}")
-    s = _support(logits, tokens, mask, adv, old, support, k, delta, agg, level)
+    s = _support(logits, tokens, mask, adv, old, support, k, delta, agg, level, behaviour_logp, is_cap)
+    w, is_metrics = _is_weight(s, behaviour_logp, is_cap, mask, level)
     proj = project_sparse(s, eps, detach_dual=detach_dual)
     log_r = (proj.log_pi_y - s.lq.gather(-1, s.y[:, None])[:, 0]).view(mask.shape)
     ratio = _sequence_ratio(log_r, mask) if level == "sequence" else log_r.exp()
-    policy = aggregate(-adv[:, None] * ratio, mask, agg, norm_len)
+    policy = aggregate(_weigh(-adv[:, None] * ratio, w), mask, agg, norm_len)
     regression = aggregate(atom_kl(s.lp, proj.logp.detach(), s.mask).view(mask.shape), mask, agg, norm_len)
     stats = proj.stats(mask.reshape(-1))
     metrics = _entropy(s, mask) | {key: val for key, val in stats.items() if key.startswith("kl_")}
     metrics |= {"policy": float(policy.detach()), "regression": float(regression.detach())}
     metrics |= {"frac_active": stats["frac_projected"]}
     metrics |= {f"dual_{key}": val for key, val in stats.items() if not key.startswith(("kl_", "frac_projected"))}
-    return policy + alpha * regression, metrics | _masked_stats(ratio, mask, "ratio")
+    return policy + alpha * regression, metrics | _masked_stats(ratio, mask, "ratio") | is_metrics
 
 
 def ppo_clip(
@@ -200,21 +275,25 @@ def ppo_clip(
     agg: str = "token-mean",
     norm_len: int | None = None,
     level: str = "token",
+    behaviour_logp: Tensor | None = None,
+    is_cap: float = math.inf,
 ) -> LossOut:
-    """PPO's clipped surrogate; eps_high = 0.28 gives Clip-Higher."""
-    s = _support(logits, tokens, mask, adv, old, support, k, delta, agg, level)
+    """PPO's clipped surrogate; eps_high = 0.28 gives Clip-Higher. With behaviour_logp: w times it (module
+    docstring)."""
+    s = _support(logits, tokens, mask, adv, old, support, k, delta, agg, level, behaviour_logp, is_cap)
+    w, is_metrics = _is_weight(s, behaviour_logp, is_cap, mask, level)
     log_r = (s.lp_y - s.lq_y).view(mask.shape)
     ratio = _sequence_ratio(log_r, mask) if level == "sequence" else log_r.exp()
     a = adv[:, None]
     unclipped, clipped = ratio * a, ratio.clamp(1 - eps_low, 1 + eps_high) * a
-    policy = aggregate(-torch.minimum(unclipped, clipped), mask, agg, norm_len)
+    policy = aggregate(_weigh(-torch.minimum(unclipped, clipped), w), mask, agg, norm_len)
     frac = aggregate((clipped < unclipped).to(ratio.dtype), mask)
     metrics = _shared_metrics(s, mask) | {
         "policy": float(policy.detach()),
         "regression": 0.0,
         "frac_active": float(frac),
     }
-    return policy, metrics | _masked_stats(ratio, mask, "ratio")
+    return policy, metrics | _masked_stats(ratio, mask, "ratio") | is_metrics
 
 
 def _bernoulli_kl(p: Tensor, q: Tensor) -> Tensor:
@@ -249,13 +328,17 @@ def dppo(
     delta: float = 1e-5,
     agg: str = "token-mean",
     norm_len: int | None = None,
+    behaviour_logp: Tensor | None = None,
+    is_cap: float = math.inf,
 ) -> LossOut:
-    """DPPO: truncated-IS policy gradient with a one-sided divergence mask (old = the behaviour policy).
+    """DPPO: truncated-IS policy gradient with a one-sided divergence mask (old = the behaviour policy, or the
+    recomputed one with behaviour_logp's weight w, module docstring).
 
     The mask's threshold is DPPO_THRESHOLDS[divergence] and the ratio is truncated at DPPO_RATIO_CAP = 2."""
     if divergence not in DPPO_THRESHOLDS:
         raise ValueError(f"unknown DPPO divergence {divergence!r}; choose from {sorted(DPPO_THRESHOLDS)}")
-    s = _support(logits, tokens, mask, adv, old, support, k, delta, agg)
+    s = _support(logits, tokens, mask, adv, old, support, k, delta, agg, "token", behaviour_logp, is_cap)
+    w, is_metrics = _is_weight(s, behaviour_logp, is_cap, mask)
     thr = DPPO_THRESHOLDS[divergence]
     d = dppo_divergence(divergence, s).view(mask.shape)
     logp_y = s.lp_y.view(mask.shape)
@@ -265,10 +348,10 @@ def dppo(
         out_up = (a > 0) & (d > thr) & (ratio > 1)
         out_down = (a < 0) & (d > thr) & (ratio < 1)
         keep = (~(out_up | out_down)).to(logp_y.dtype)
-    policy = aggregate(-a * ratio.detach().clamp_max(DPPO_RATIO_CAP) * keep * logp_y, mask, agg, norm_len)
+    policy = aggregate(_weigh(-a * ratio.detach().clamp_max(DPPO_RATIO_CAP) * keep * logp_y, w), mask, agg, norm_len)
     metrics = _shared_metrics(s, mask)
     metrics |= {"policy": float(policy.detach()), "regression": 0.0, "frac_active": float(aggregate(1 - keep, mask))}
-    return policy, metrics | _masked_stats(ratio, mask, "ratio")
+    return policy, metrics | _masked_stats(ratio, mask, "ratio") | is_metrics
 
 
 def cispo(
@@ -284,20 +367,24 @@ def cispo(
     delta: float = 1e-5,
     agg: str = "token-mean",
     norm_len: int | None = None,
+    behaviour_logp: Tensor | None = None,
+    is_cap: float = math.inf,
 ) -> LossOut:
-    """CISPO: clamped stop-gradient ratio times log p(y); no trust region at all."""
-    s = _support(logits, tokens, mask, adv, old, support, k, delta, agg)
+    """CISPO: clamped stop-gradient ratio times log p(y); no trust region at all. With behaviour_logp: weighted by
+    w (module docstring)."""
+    s = _support(logits, tokens, mask, adv, old, support, k, delta, agg, "token", behaviour_logp, is_cap)
+    w, is_metrics = _is_weight(s, behaviour_logp, is_cap, mask)
     logp_y = s.lp_y.view(mask.shape)
     ratio = (logp_y - s.lq_y.view(mask.shape)).exp()
     capped = ratio.detach().clamp_max(1 + eps_high)
-    policy = aggregate(-adv[:, None] * capped * logp_y, mask, agg, norm_len)
+    policy = aggregate(_weigh(-adv[:, None] * capped * logp_y, w), mask, agg, norm_len)
     frac = aggregate((ratio.detach() > 1 + eps_high).to(ratio.dtype), mask)
     metrics = _shared_metrics(s, mask) | {
         "policy": float(policy.detach()),
         "regression": 0.0,
         "frac_active": float(frac),
     }
-    return policy, metrics | _masked_stats(ratio, mask, "ratio")
+    return policy, metrics | _masked_stats(ratio, mask, "ratio") | is_metrics
 
 
 LOSSES: dict[str, Callable[..., LossOut]] = {"troll": troll_loss, "ppo_clip": ppo_clip, "dppo": dppo, "cispo": cispo}
