@@ -11,12 +11,23 @@ import pytest
 # 2-core machine). Set before torch is imported by any test module.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+GSM8K_SAMPLE = Path(__file__).resolve().parent / "data" / "gsm8k"
+GSM8K_FULL_ROWS = {"train": 7473, "test": 1319}  # openai/gsm8k, config main
+GSM8K_SAMPLE_ROWS = {"train": 200, "test": 100}  # the head of each split (tests/data/gsm8k/README.md)
+
 
 @pytest.fixture(scope="session")
 def gsm8k_dir() -> Path:
-    """Local GSM8K copy ({train,test}.jsonl): $TROLL_GSM8K_DIR, else ../shared/data/gsm8k beside the repo."""
-    default = Path(__file__).resolve().parents[2] / "shared/data/gsm8k"
-    path = Path(os.environ.get("TROLL_GSM8K_DIR", default))
-    if not (path / "test.jsonl").is_file():
-        raise FileNotFoundError(f"GSM8K data not found at {path}: set TROLL_GSM8K_DIR to a folder with test.jsonl")
+    """GSM8K folder ({train,test}.jsonl): $TROLL_GSM8K_DIR (a full copy) when set, else the committed sample
+    tests/data/gsm8k (its README.md)."""
+    path = Path(os.environ["TROLL_GSM8K_DIR"]) if os.environ.get("TROLL_GSM8K_DIR") else GSM8K_SAMPLE
+    missing = [name for name in ("train.jsonl", "test.jsonl") if not (path / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"GSM8K data not found: {path} has no {' or '.join(missing)} (TROLL_GSM8K_DIR)")
     return path
+
+
+@pytest.fixture(scope="session")
+def gsm8k_rows(gsm8k_dir: Path) -> dict[str, int]:
+    """Rows per split in `gsm8k_dir`: the sample's, or the full data set's for $TROLL_GSM8K_DIR."""
+    return GSM8K_SAMPLE_ROWS if gsm8k_dir == GSM8K_SAMPLE else GSM8K_FULL_ROWS

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import re
@@ -44,9 +45,11 @@ def _tiny_tokenizer(chat_template: str | None) -> PreTrainedTokenizerFast:
 # -------------------------------------------------------------------------------------- reward on data
 
 
-def test_reward_scores_every_gold_solution_and_rejects_changed_answers(gsm8k_dir: Path) -> None:
+def test_reward_scores_every_gold_solution_and_rejects_changed_answers(
+    gsm8k_dir: Path, gsm8k_rows: dict[str, int]
+) -> None:
     rows = _raw_rows(gsm8k_dir / "test.jsonl")
-    assert len(rows) == 1319
+    assert len(rows) == gsm8k_rows["test"]
     wrong_accepted, right_rejected = [], []
     for i, row in enumerate(rows):
         body, final = row["answer"].rsplit("####", 1)
@@ -140,8 +143,8 @@ def test_reward_works_outside_the_main_thread() -> None:
 # -------------------------------------------------------------------------------------------- loading
 
 
-def test_load_local_splits(gsm8k_dir: Path) -> None:
-    for split, count in [("train", 7473), ("test", 1319)]:
+def test_load_local_splits(gsm8k_dir: Path, gsm8k_rows: dict[str, int]) -> None:
+    for split, count in gsm8k_rows.items():
         rows = load_gsm8k(split, source=str(gsm8k_dir))
         assert len(rows) == count
         assert all(set(row) == {"question", "answer", "gold"} for row in rows)
@@ -150,10 +153,23 @@ def test_load_local_splits(gsm8k_dir: Path) -> None:
     assert first["question"].startswith("Janet\u2019s ducks lay 16 eggs") and first["gold"] == "18"
 
 
-def test_load_limit_and_arguments(gsm8k_dir: Path) -> None:
+def test_committed_sample_is_the_head_of_gsm8k(gsm8k_dir: Path) -> None:
+    """tests/data/gsm8k holds the first lines of each split, unchanged: the hashes its README lists, and (with a
+    full copy in $TROLL_GSM8K_DIR) the same bytes as that copy's first lines."""
+    sample = Path(__file__).resolve().parent / "data" / "gsm8k"
+    listed = dict(re.findall(r"([0-9a-f]{64})  (\w+\.jsonl)", (sample / "README.md").read_text()))
+    assert sorted(listed.values()) == ["test.jsonl", "train.jsonl"]
+    for digest, name in listed.items():
+        data = (sample / name).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == digest, f"{name} differs from the sample its README describes"
+        if gsm8k_dir != sample:
+            assert (gsm8k_dir / name).read_bytes()[: len(data)] == data, f"{name} is not the head of {gsm8k_dir}"
+
+
+def test_load_limit_and_arguments(gsm8k_dir: Path, gsm8k_rows: dict[str, int]) -> None:
     assert [r["gold"] for r in load_gsm8k("test", str(gsm8k_dir), limit=3)] == ["18", "3", "70000"]
     assert load_gsm8k("test", str(gsm8k_dir), limit=0) == []
-    assert len(load_gsm8k("test", str(gsm8k_dir), limit=10**6)) == 1319
+    assert len(load_gsm8k("test", str(gsm8k_dir), limit=10**6)) == gsm8k_rows["test"]
     with pytest.raises(ValueError, match="limit"):
         load_gsm8k("test", str(gsm8k_dir), limit=-1)
     with pytest.raises(ValueError, match="split"):
