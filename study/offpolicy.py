@@ -47,8 +47,9 @@ from dataclasses import asdict, dataclass, replace
 from multiprocessing import get_context
 from pathlib import Path
 
-from study.run import _init_worker, _settings, merge_results, read_results, usage_error
+from study.run import _init_worker, _settings, usage_error
 from troll import plot
+from troll.checkpoint import read_jsonl, rewrite_jsonl
 from troll.config import Config
 
 SOURCES: dict[str, dict] = {
@@ -138,6 +139,17 @@ def warm_start(seed: int, args: argparse.Namespace) -> dict:
     tokenizer.save_pretrained(out)
     (out / "warm.json").write_text(json.dumps({"seed": seed, **record}, indent=2) + "\n")
     return record
+
+
+def read_results(path: Path) -> dict[str, dict]:
+    """The results file's rows by run name (empty when there is no file)."""
+    return {r["name"]: r for r in read_jsonl(path)} if path.is_file() else {}
+
+
+def merge_results(path: Path, row: dict) -> None:
+    """Add or replace `row` by name, keep the others, write atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rewrite_jsonl(path, list((read_results(path) | {row["name"]: row}).values()))
 
 
 def collect(run: Run, out: Path) -> dict:
@@ -328,7 +340,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         finished = []
         for i, future in enumerate(as_completed(futures), 1):
             row = future.result()
-            merge_results(Path(args.results), [row])
+            merge_results(Path(args.results), row)
             finished.append(row)
             print(f"[{i}/{len(todo)}] {row['name']}: {row['eval_before']:.3f} -> {row['eval_after']:.3f}", flush=True)
     return finished

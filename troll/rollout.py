@@ -22,9 +22,9 @@ are contiguous):
     group            [B]       long   index of the prompt each sample came from
     temperature      float            the temperature the samples were drawn at
 
-Padding positions hold id 0 and log-prob 0.0, and their top-K is a one-hot distribution on id 0 (top_idx 0,
-top_logp [0, -inf, ...]), so every position is a valid distribution for `sparse.sparsify_topk`; losses and
-metrics still use `completion_mask`.
+Padding positions hold id 0 and log-prob 0.0, and their top-K is a one-hot distribution on id 0 (top_idx
+0, 1, ..., K - 1, top_logp 0, -inf, ...), so every position is a valid distribution for `sparse.sparsify_topk`;
+losses and metrics still use `completion_mask`.
 
 Log-probs describe exactly the distribution that was sampled, and the trainer recomputes the same
 quantity with `policy.completion_logits` (then `log_softmax`):
@@ -166,7 +166,7 @@ def to_rollouts(
     mask = torch.zeros((B, T), dtype=torch.bool)
     lp = torch.zeros((B, T), dtype=torch.float32)
     K = 0 if top_idx is None else top_idx[0].shape[-1]
-    t_idx = torch.zeros((B, T, K), dtype=torch.long) if top_idx is not None else None
+    t_idx = torch.arange(K).expand(B, T, K).clone() if top_idx is not None else None
     t_lp = torch.full((B, T, K), -torch.inf) if top_logp is not None else None
     if t_lp is not None and K > 0:
         t_lp[..., 0] = 0.0  # padding: a one-hot on id 0 (module docstring)

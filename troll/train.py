@@ -193,7 +193,7 @@ def update(
                 old.samples(rows, T).to(device),
                 agg=cfg.agg,
                 norm_len=T,
-                **({"behaviour_logp": mu} if mu is not None else {}),  # TEMP until the losses take it
+                behaviour_logp=mu,
                 **cfg.loss_kwargs(),
             )
             # each micro-batch weighs by its share of the minibatch, so the sum is the minibatch's aggregate
