@@ -183,3 +183,11 @@ def test_state_from_an_older_troll_is_refused(tmp_path):
         torch.save(state, ckpt / "trainer.pt")
     with pytest.raises(RunError, match=r"lacks \['eval_best'\]"):
         train(dataclasses.replace(cfg, resume=True))
+
+
+def test_out_that_is_a_file_is_named(tmp_path):
+    (tmp_path / "run").write_text("not a folder")
+    with pytest.raises(RunError, match="cannot be a run directory"):
+        train(tiny(tmp_path))
+    done = cli("--out", str(tmp_path / "run"), "--sft_steps", "0", "--steps", "1")
+    assert done.returncode == 2 and "cannot be a run directory" in done.stderr and "Traceback" not in done.stderr

@@ -106,7 +106,10 @@ class Run:
         if missing := logger_missing(cfg.log_to):  # before anything is written, as the command line does
             raise ImportError(missing)
         out = Path(cfg.out)
-        out.mkdir(parents=True, exist_ok=True)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError, PermissionError) as e:
+            raise RunError(f"--out {out} cannot be a run directory ({e.strerror})") from None
         lock = _lock(out)
         try:
             checkpoint, state = _pick_checkpoint(cfg, out) if cfg.resume else (None, None)
