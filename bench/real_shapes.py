@@ -38,7 +38,7 @@ every allocation >= 1 MB (MALLOC_MMAP_THRESHOLD_) so freed tensors leave the res
 wall clock with OMP_WAIT_POLICY=PASSIVE, one repetition (the old pass warms the kernels the update uses).
 
 Ratios printed: TROLL / clip and chunked / unchunked, of the update's peak (absolute, and its excess over the
-fixed cost) and of its time. SUMMARY checks the issue's targets at the Qwen2.5-0.5B shape with checkpointing
+fixed cost) and of its time. SUMMARY checks the project's targets at the Qwen2.5-0.5B shape with checkpointing
 on (the presets'): TROLL's chunked update peak < PPO-clip's unchunked and <= 1.02x PPO-clip's chunked;
 TROLL / clip time <= 1.05x (both chunked); chunked / unchunked time <= 1.10x (same micro-batch, both losses).
 The "fit" section prints the per-token coefficients (peaks over fixed vs tokens) that troll/memory.py holds.
