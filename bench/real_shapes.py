@@ -11,11 +11,11 @@ tokenizer 151,665 / 151,669 ids, the rest masked as in training; all three tie i
     qwen2.5-0.5b  24 layers, hidden 896,  14 heads / 2 KV heads (head_dim 64),  MLP 4,864,  qkv bias   0.49B
     qwen3-0.6b    28 layers, hidden 1024, 16 heads / 8 KV heads (head_dim 128), MLP 3,072,  q/k RMSNorm 0.60B
     qwen2.5-1.5b  28 layers, hidden 1536, 12 heads / 2 KV heads (head_dim 128), MLP 8,960,  qkv bias   1.54B
-A GPU run holds float32 weights too (train.build_model) and computes under bf16 autocast; here everything is
+A GPU run holds float32 weights too (policy.build_model) and computes under bf16 autocast; here everything is
 float32, so activations and logits are counted at 4 bytes (troll/memory.py derives the GPU figure and says
 which terms scale).
 
-Batch (GSM8K-shaped, fabricated, `make_batch`): `--rows` rows, each laid out as `rollout.pack` does: a
+Batch (GSM8K-shaped, fabricated, `make_batch`): `--rows` rows, each laid out as `policy.pack` does: a
 left-padded prompt of P = 250 columns (row 0 has 250 real tokens, the others 150-250) and a right-padded
 completion of T = `--response` columns (row 0 fills it, the others half to all of it). Default T = 262, so a
 row is 512 tokens: typical GSM8K chain-of-thought answers are 150-300 tokens (the presets allow up to 1,024),
@@ -38,7 +38,7 @@ every allocation >= 1 MB (MALLOC_MMAP_THRESHOLD_) so freed tensors leave the res
 wall clock with OMP_WAIT_POLICY=PASSIVE, one repetition (the old pass warms the kernels the update uses).
 
 Ratios printed: TROLL / clip and chunked / unchunked, of the update's peak (absolute, and its excess over the
-fixed cost) and of its time. SUMMARY checks the issue's targets at the Qwen2.5-0.5B shape with checkpointing
+fixed cost) and of its time. SUMMARY checks the project's targets at the Qwen2.5-0.5B shape with checkpointing
 on (the presets'): TROLL's chunked update peak < PPO-clip's unchunked and <= 1.02x PPO-clip's chunked;
 TROLL / clip time <= 1.05x (both chunked); chunked / unchunked time <= 1.10x (same micro-batch, both losses).
 The "fit" section prints the per-token coefficients (peaks over fixed vs tokens) that troll/memory.py holds.

@@ -26,7 +26,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported (README, "CPU threads")
+# Set before torch is imported: spinning OpenMP threads slow small CPU models when other processes compete for the
+# cores (docs/results.md#small-costs-inside-a-step).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from datasets import Dataset  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402

@@ -14,11 +14,11 @@ Choices, stated once:
   the first variant only: every ratio is 1 and p = q, so every loss here is the same policy gradient (no token
   clipped, masked or projected; TROLL's regression term has zero gradient at p = pi*) and one run stands for all.
 - Runs are shortened, not the seeds: `--steps` RL steps (the preset: 250), evaluation every `--eval_every` steps on
-  `--eval_size` held-out problems (the preset: 1,000). The defaults are sized to about two hours on two idle cores
-  (`--dry-run`).
-- The task and warm-start are the preset's as they were when the study ran: sums written most-significant digit
-  first, 250 supervised steps of 64 problems, no target (pinned in `config`, so the committed results reproduce;
-  the same model for every run of a seed: it is seeded).
+  `--eval_size` held-out problems (the preset: 1,000). `--dry-run` estimates the grid's time; what the committed
+  grid took: docs/results.md#the-trust-region-study.
+- The task and warm-start are pinned in `config`, not taken from the preset: sums written most-significant digit
+  first, 250 supervised steps of 64 problems, no target. These are the settings that produced the committed
+  results, so they reproduce (the same model for every run of a seed: it is seeded).
 - Order: seed by seed, so a study cut short holds the whole grid on fewer seeds.
 - One run = one `troll.train` run in `<out>/<name>`, its output in `log.txt` there. A run with summary.json, or
   with a row in the results file (so a committed results file resumes on a fresh machine), is finished and skipped;
@@ -72,9 +72,10 @@ VARIANTS: dict[str, dict] = {
 LRS = (1e-4, 3e-4, 1e-3)
 OFF_POLICY = ((1, 1), (4, 1), (1, 4), (8, 4))  # (minibatches, epochs); 1x1 for the first variant only
 SEEDS = (0, 1, 2)
-# `--calibrate` on this project's shared 2-core machine, 2026-11-23 (troll-paper, 8 minibatches, 1 epoch, the
-# defaults below; load about 1.5): wall time in a fresh worker, mean RL step, update per pass. 50 steps under a
-# load of 2.5 gave 37.2 s, 0.456 s, 0.292 s: the estimate moves by a third with the machine's load.
+# `--calibrate`'s figures on the project's 2-core development machine (troll-paper, 8 minibatches, 1 epoch, the
+# defaults below): wall time in a fresh worker, mean RL step, update per pass. `--dry-run` estimates from them when
+# `<out>/calibration.json` is absent; the estimate moves with the machine's load (the calibration runs and their
+# load: docs/results.md#the-trust-region-study).
 MEASURED = {"wall_s": 28.5, "steps": 40, "step_s": 0.346, "update_pass_s": 0.184}
 PROG = "python -m study.run"
 NOT_SETTINGS = ("out", "resume")  # config fields that say where and how a run is started, not what it is
@@ -117,9 +118,9 @@ def config(run: Run, args: argparse.Namespace) -> Config:
         eval_size=args.eval_size,
         save_every=args.eval_every,
         sft_steps=args.sft_steps,
-        sft_batch=64,  # the warm-start the committed study ran with: 250 steps of 64, no target (the preset's then)
+        sft_batch=64,  # pinned with sft_target and reverse_sum: the settings of the committed results (docstring)
         sft_target=0.0,
-        reverse_sum=False,  # the study ran on sums written the usual way, before the preset reversed them
+        reverse_sum=False,  # sums written most-significant digit first, as in the committed results
         kl_update_vocab=4096,  # the network's exact per-update KL (troll.diagnostics), a result of the study
         out=str(Path(args.out) / run.name),
     )

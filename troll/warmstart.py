@@ -6,9 +6,9 @@
 RL improves a policy that already solves some problems, so the tiny task starts from a supervised warm-start
 (an LLM starts from its pretraining). How far that warm-start gets decides what RL can show, and on two-digit
 addition a fixed step count does not fix it: the tiny model learns the carry in a sudden jump whose timing
-depends on the seed (with sums written most-significant digit first, 250 steps of 64 left seeds 0, 1, 2 at 0.26,
-0.56 and 0.89 held-out accuracy). So the warm-start runs until a target is met instead (tiny-cpu, target 0.3:
-267-454 steps over seeds 0-4, held-out 0.30-0.37):
+depends on the seed, so a fixed count leaves seeds far apart. The warm-start runs until a target is met instead,
+which lands every seed in a narrow band after a seed-dependent number of steps (a target:
+docs/results.md#the-main-job-tiny-cpu; a fixed count: docs/results.md#the-trust-region-study):
 
 - `solved(rows)` [b] bool: greedy decoding reproduces the reference answer and its eos exactly. One teacher-forced
   forward [b, T, V] gives it: greedy decoding emits the reference iff, at every answer position, the reference
@@ -18,7 +18,7 @@ depends on the seed (with sums written most-significant digit first, 250 steps o
   over 1,024 problems costs about three supervised steps of 128, so it is not run every step: each step's own
   teacher-forced logits already tell which of the batch's problems greedy solved (before that step's update, a
   free and noisy estimate), and only when that share reaches the target does the probe decide. The warm-start
-  stops at the first step where both say so, a little past the target (tiny-cpu: the probe at 0.31-0.37).
+  stops at the first step where both say so, a little past the target.
 - `sft_target = 0` runs all `sft_steps`; a target not met within `sft_steps` is reported, not an error.
 - AdamW at `sft_lr`, batches of `sft_batch` training problems drawn with replacement from a generator seeded
   by `seed`, so a warm-start is reproducible from the config.
