@@ -8,7 +8,7 @@ transformers>=4.56.2 (no upper pin), accelerate>=1.10.1 and datasets>=4.7.0, so 
 pins without moving them. The
 script stops with the install command if `trl` does not import.
 
-The model: the tiny-cpu preset's 0.59M-parameter Llama and byte-level tokenizer (`troll.train.build_model`,
+The model: the tiny-cpu preset's 0.59M-parameter Llama and byte-level tokenizer (`troll.policy.build_model`,
 vocab 260), built once with the preset's seed and saved to a temporary folder; both sides load it from there
 (`from_pretrained`, float32). No warm-start: an untrained model never adds correctly, so both sides score with
 the same reward, `_util.parity_reward` (1.0 when the sum of the completion text's code points is odd), about a coin

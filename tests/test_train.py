@@ -211,8 +211,11 @@ def test_plot_overlays_runs(tmp_path):
     written = plot_runs([tmp_path / "troll", tmp_path / "clip"], tmp_path / "plots")
     assert sorted(p.name for p in written) == ["eval_acc.png", "kl_after_max.png", "reward.png"]
     assert all(p.stat().st_size > 1000 for p in written)
-    with pytest.raises(FileNotFoundError, match="metrics.jsonl"):
+    with pytest.raises(FileNotFoundError, match="run directory .*nope does not exist"):
         plot_runs([tmp_path / "nope"], tmp_path / "plots")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="metrics.jsonl does not exist"):
+        plot_runs([tmp_path / "empty"], tmp_path / "plots")
 
 
 def test_non_finite_gradient_skips_the_step(tmp_path, monkeypatch, varied_reward):
