@@ -23,7 +23,8 @@ Design, stated once:
 - Losses: TROLL (rest model), PPO-clip, DPPO (Binary-TV), CISPO (no trust region). Learning rates: the main job's
   1e-4 and 3e-4.
 - Runs are shortened, not the seeds: 40 RL steps, evaluated before RL and at the end on 1,000 held-out problems.
-  Order: learning rate, then seed, then cell, so a study cut short holds whole seeds of the main job's rate.
+  Order: learning rate, then cell (in the order `--sources` gives), then seed: a study cut short holds whole cells,
+  every seed of each.
 - Results (`--results`, JSONL): one row per finished run, merged by name after every run; a run whose saved
   settings differ from what the grid makes now is refused, not counted. Workers and their threads as in
   study/run.py (`--jobs N`: N spawned processes, cores / N torch threads each).
@@ -82,7 +83,8 @@ class Run:
 
 
 def grid(args: argparse.Namespace) -> list[Run]:
-    """Every run, learning rate by learning rate, seed by seed (module docstring)."""
+    """Every run: learning rate by learning rate, then cell by cell in the order of --sources, every seed of a cell
+    before the next cell (module docstring)."""
     cells = [
         (source, anchor)
         for source in args.sources
@@ -90,8 +92,8 @@ def grid(args: argparse.Namespace) -> list[Run]:
     ]
     return [
         Run(lr, seed, source, anchor, loss)
-        for lr, seed in itertools.product(args.lrs, args.seeds)
-        for (source, anchor), loss in itertools.product(cells, args.losses)
+        for lr, (source, anchor), seed in itertools.product(args.lrs, cells, args.seeds)
+        for loss in args.losses
     ]
 
 
