@@ -6,21 +6,24 @@
 
 One RL step (`rl_step`), with pi_theta the network, q the old policy it is anchored to:
 
-    1. rollout     sample n completions per prompt from pi_theta (transformers or vLLM)
+    1. rollout     sample n completions per prompt from pi_theta (transformers or vLLM); off-policy data: the
+                   sampler mu runs k steps behind (--staleness k) or in bf16 (--rollout_dtype bfloat16)
     2. reward      score each completion against the gold answer (0 or 1)
     3. advantages  A_i = (r_i - mean_group r) / std_group r          (GRPO; troll.advantages)
     4. old policy  q = sparsify(pi_theta) at every completion token, before any update: the top-mass tokens,
-                   the sampled one, and one atom for the rest of the vocabulary (troll.sparse)
+                   the sampled one, and one atom for the rest of the vocabulary (troll.sparse); or q = mu, the
+                   sampler's top-K (--old_policy behaviour)
     5. update      per minibatch: pi* = argmin KL(pi || pi_theta) s.t. KL(pi || q) <= eps   (troll.project)
                    L = -mean_t A * pi*(y_t) / q(y_t) + alpha * mean_t KL(pi_theta || sg(pi*))  (troll.losses)
+                   (x min(q(y)/mu(y), cap) with --is_correction tis: the decoupled objective for data from mu)
                    then one AdamW step; `epochs` passes over the batch, each split into `minibatches`
     6. push        copy the new weights into the rollout engine
 
 The projection replaces PPO's ratio clipping: the ratio is that of the projected policy, which is inside the trust
 region by construction and differentiable in theta. `--loss ppo_clip | dppo | cispo` swaps step 5's loss for a
 baseline. Everything else lives beside this file: the run directory and resume (troll.harness), the task and its
-reward (troll.task), the settings (troll.config), opt-in diagnostics (troll.diagnostics); docs/algorithm.md derives
-the math and states every choice.
+reward (troll.task), the settings (troll.config), measurements (troll.diagnostics); docs/algorithm.md derives the
+math and states every choice.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ def make_generator(cfg: Config, model: Any, tokenizer: Any, out: Path) -> Genera
         return HFGenerator(model, tokenizer, dtype=torch.bfloat16 if cfg.rollout_dtype == "bfloat16" else None)
     from troll.vllm_engine import VLLMGenerator
 
+    auto_dtype = "bfloat16" if model.device.type == "cuda" else "float32"  # vLLM's usual dtype; CPU: the trainer's
     init = out / "engine-init"  # the engine loads once from disk; every later update is pushed in place
     model.save_pretrained(init)
     tokenizer.save_pretrained(init)
@@ -73,11 +77,7 @@ def make_generator(cfg: Config, model: Any, tokenizer: Any, out: Path) -> Genera
         tokenizer,
         max_model_len=cfg.max_prompt_len + cfg.max_new_tokens,
         max_top_k=cfg.k,
-        dtype=cfg.rollout_dtype
-        if cfg.rollout_dtype != "auto"
-        else "float32"
-        if model.device.type == "cpu"
-        else "bfloat16",
+        dtype=cfg.rollout_dtype if cfg.rollout_dtype != "auto" else auto_dtype,
         seed=cfg.seed,
         gpu_memory_utilization=cfg.vllm_gpu_memory,
     )
