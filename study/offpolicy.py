@@ -40,15 +40,14 @@ import itertools
 import json
 import math
 import os
-import shutil
 import statistics
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from multiprocessing import get_context
 from pathlib import Path
 
-from study.run import _init_worker, _settings, usage_error
+from study.run import _init_worker, _settings, train_run, usage_error
 from troll import plot
 from troll.checkpoint import read_jsonl, rewrite_jsonl
 from troll.config import Config
@@ -183,16 +182,8 @@ def collect(run: Run, out: Path) -> dict:
 
 
 def execute(run: Run, cfg: Config) -> dict:
-    """Train one run in this (worker) process, its output to <out>/log.txt; returns its results row."""
-    from troll.train import train
-
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    resume = (out / "checkpoints" / "latest").is_file()
-    with open(out / "log.txt", "a") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-        train(replace(cfg, resume=resume))
-    shutil.rmtree(out / "checkpoints", ignore_errors=True)
-    return collect(run, out)
+    """Train one run (study.run.train_run); returns its results row."""
+    return collect(run, train_run(cfg))
 
 
 # ----------------------------------------------------------------------------- the report

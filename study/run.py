@@ -222,17 +222,22 @@ def _init_worker(threads: int) -> None:
         torch.set_num_threads(threads)
 
 
-def execute(run: Run, cfg: Config) -> dict:
-    """Train one run in this (worker) process, its output to <out>/log.txt; returns its results row."""
+def train_run(cfg: Config) -> Path:
+    """Train one run in this (worker) process, or resume it where it stopped (troll.harness: with no checkpoint
+    yet it starts from the beginning), its output to <out>/log.txt; its checkpoints are deleted once it is done."""
     from troll.train import train
 
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    resume = (out / "checkpoints" / "latest").is_file()
     with open(out / "log.txt", "a") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-        train(replace(cfg, resume=resume))
+        train(replace(cfg, resume=True))
     shutil.rmtree(out / "checkpoints", ignore_errors=True)
-    return collect(run, out)
+    return out
+
+
+def execute(run: Run, cfg: Config) -> dict:
+    """Train one run (`train_run`); returns its results row."""
+    return collect(run, train_run(cfg))
 
 
 def estimate(runs: Sequence[Run], args: argparse.Namespace) -> tuple[float, str]:
