@@ -203,7 +203,8 @@ def paired(rows: Sequence[dict]) -> list[dict]:
     """Per (lr, source, anchor, loss): n seeds, mean final accuracy and gain, the mean paired difference to the
     baseline's final accuracy on the same seed with its 95% interval, and the runs that ended below their start."""
     by = {(r["lr"], r["source"], r["anchor"], r["loss"], r["seed"]): r for r in rows}
-    cells = sorted({k[:4] for k in by}, key=lambda k: (k[0], list(SOURCES).index(k[1]), k[2], LOSSES.index(k[3])))
+    order = (list(SOURCES), list(ANCHORS), list(LOSSES))
+    cells = sorted({k[:4] for k in by}, key=lambda k: (k[0], *(o.index(x) for o, x in zip(order, k[1:], strict=True))))
     out = []
     for lr, source, anchor, loss in cells:
         runs = [r for k, r in by.items() if k[:4] == (lr, source, anchor, loss)]
