@@ -112,7 +112,7 @@ class Run:
             raise RunError(f"--out {out} cannot be a run directory ({e.strerror})") from None
         lock = _lock(out)
         try:
-            checkpoint, state = _pick_checkpoint(cfg, out) if cfg.resume else (None, None)
+            checkpoint, state = _pick_checkpoint(out) if cfg.resume else (None, None)
             if state is None:
                 _check_fresh(cfg, out)
             else:
@@ -289,7 +289,7 @@ def _check_fresh(cfg: Config, out: Path) -> None:
     )
 
 
-def _pick_checkpoint(cfg: Config, out: Path) -> tuple[Path | None, dict | None]:
+def _pick_checkpoint(out: Path) -> tuple[Path | None, dict | None]:
     """The newest whole checkpoint and its state; a damaged one is named and skipped. (None, None) when there is
     no checkpoint yet."""
     candidates = complete_checkpoints(out)
