@@ -99,6 +99,7 @@ def run_troll(o: dict, loss: str) -> dict:
     import troll.train as train
     from troll.config import Config
     from troll.policy import build_model
+    from troll.task import load_task
 
     cfg = Config.from_args(
         ["--preset", "tiny-cpu", "--sft_steps", "0", "--loss", loss, "--minibatches", str(o["minibatches"])]
@@ -107,7 +108,7 @@ def run_troll(o: dict, loss: str) -> dict:
     )
     device = torch.device("cpu")
     model, tokenizer = build_model(cfg, device, path=o["model_dir"])
-    task, _ = train.load_task(cfg, tokenizer)
+    task, _ = load_task(cfg, tokenizer)
     task.reward = parity_reward
     with tempfile.TemporaryDirectory() as tmp:
         generator = train.make_generator(cfg, model, tokenizer, Path(tmp))

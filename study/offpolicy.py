@@ -1,5 +1,6 @@
-"""Where the trust region matters with off-policy data: stale rollouts, a bf16 sampler and update epochs, with every
-loss started from the same warm-started weights per seed and compared seed by seed.
+"""Where the trust region matters with off-policy data (stale rollouts, a bf16 sampler, update epochs), paired seeds.
+
+Every loss starts from the same warm-started weights per seed and is compared with PPO-clip seed by seed.
 
     python -m study.offpolicy --dry-run                 # the grid and its size
     python -m study.offpolicy --jobs 2                  # run it (resumable: run it again to go on)
@@ -138,8 +139,13 @@ def warm_start(seed: int, args: argparse.Namespace) -> dict:
         record = warm_start_task(cfg, model, tokenizer, task)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    (out / "warm.json").write_text(json.dumps({"seed": seed, **record}, indent=2) + "\n")
+    (out / "warm.json").write_text(json.dumps({"seed": seed, "sft_limit": args.sft_steps, **record}, indent=2) + "\n")
     return record
+
+
+def _read_config(path: Path) -> dict | None:
+    """A saved config.json (or warm.json) as a dict of settings, or None when there is none."""
+    return _settings(json.loads(path.read_text())) if path.is_file() else None
 
 
 def read_results(path: Path) -> dict[str, dict]:
@@ -191,7 +197,10 @@ def execute(run: Run, cfg: Config) -> dict:
 
 def t_interval(diffs: Sequence[float]) -> tuple[float, float]:
     """Mean and half-width of the 95% t-interval of paired differences (nan half-width for fewer than 2)."""
-    from scipy.stats import t
+    try:
+        from scipy.stats import t
+    except ImportError:
+        usage_error("the report's t-intervals need scipy: pip install scipy (or the dev extra)")
 
     mean = statistics.fmean(diffs)
     if len(diffs) < 2:
@@ -311,12 +320,17 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
             print(plot_paired(rows, Path(args.figures)))
         return rows
     runs, done = grid(args), read_results(Path(args.results))
-    for run in runs:  # a recorded run with other settings is not counted as done
-        row = done.get(run.name)
+    for run in runs:  # a run recorded, or in its folder, with other settings is not counted as done
         want = _settings(asdict(config(run, args)))
-        if row is not None and row["config"] != want:
-            changed = sorted(k for k in want if row["config"].get(k) != want[k])
-            usage_error(f"{run.name} in {args.results} was run with other settings ({', '.join(changed)})")
+        path = Path(args.out) / run.name / "config.json"
+        for where, saved in ((args.results, done.get(run.name, {}).get("config")), (path, _read_config(path))):
+            if saved is not None and saved != want:
+                changed = sorted(k for k in want if saved.get(k) != want[k])
+                usage_error(f"{run.name} ({where}) was run with other settings ({', '.join(changed)})")
+    for seed in sorted({r.seed for r in runs}):  # a warm-start made with another step limit is not this study's
+        record = _read_config(warm_dir(args, seed) / "warm.json")
+        if record is not None and record.get("sft_limit") != args.sft_steps:
+            usage_error(f"{warm_dir(args, seed)} was warm-started with --sft_steps {record.get('sft_limit')}")
     todo = [r for r in runs if r.name not in done]
     print(f"{len(runs)} runs, {len(runs) - len(todo)} done, {len(todo)} to run with {args.jobs} job(s)")
     if args.dry_run:

@@ -228,6 +228,8 @@ def train_run(cfg: Config) -> Path:
     from troll.train import train
 
     out = Path(cfg.out)
+    if (out / "summary.json").is_file():  # finished, its results row not yet written (the caller checked its settings)
+        return out
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "log.txt", "a") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
         train(replace(cfg, resume=True))

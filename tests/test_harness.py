@@ -90,7 +90,7 @@ def test_killed_during_the_first_checkpoint_restarts_or_resumes(tmp_path, monkey
         train(other)
     monkeypatch.setattr("troll.harness.save_checkpoint", checkpoint.save_checkpoint)
     train(dataclasses.replace(other, resume=True))
-    assert "no checkpoint yet" in capsys.readouterr().out
+    assert "no checkpoint to resume from yet" in capsys.readouterr().out
     assert [m["step"] for m in rows(tmp_path / "b" / "run")] == [1]
 
 
@@ -191,3 +191,58 @@ def test_out_that_is_a_file_is_named(tmp_path):
         train(tiny(tmp_path))
     done = cli("--out", str(tmp_path / "run"), "--sft_steps", "0", "--steps", "1")
     assert done.returncode == 2 and "cannot be a run directory" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_missing_model_or_data_is_one_line_before_any_work(tmp_path):
+    for argv, words in (
+        (["--model", str(tmp_path / "nope")], "does not exist"),
+        (["--task", "gsm8k", "--data", str(tmp_path / "no-data")], "does not exist"),
+    ):
+        done = cli(*argv, "--out", str(tmp_path / "run"))
+        assert done.returncode == 2 and words in done.stderr and "Traceback" not in done.stderr, done.stderr
+        assert not (tmp_path / "run").exists()
+    train(tiny(tmp_path / "a", steps=1))
+    done = cli("--model", str(tmp_path / "a" / "run"), "--out", str(tmp_path / "run"))
+    assert done.returncode == 2 and "is a run directory: pass one of its checkpoints" in done.stderr
+
+
+def test_resume_accepts_the_same_out_written_differently(tmp_path):
+    cfg = tiny(tmp_path, steps=2, save_every=1)
+    train(dataclasses.replace(cfg, steps=1))
+    train(dataclasses.replace(cfg, out=str(tmp_path / "run") + "/", resume=True))
+    assert [m["step"] for m in rows(tmp_path / "run")] == [1, 2]
+
+
+def test_a_resume_change_is_recorded_even_if_killed_before_the_next_checkpoint(tmp_path, monkeypatch):
+    """`--resume true --lr X --steps 3` rewrites config.json at once; killed before its next checkpoint, the next
+    plain resume still applies and records the change: resume compares against the checkpoint's settings."""
+    import troll.train as train_mod
+
+    cfg = tiny(tmp_path, steps=3, save_every=1)
+    train(dataclasses.replace(cfg, steps=1))
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_mod, "rl_step", killed)
+    with pytest.raises(KeyboardInterrupt):
+        train(Config.from_args(["--out", str(tmp_path / "run"), "--resume", "true", "--lr", "0.001", "--steps", "3"]))
+    monkeypatch.undo()
+    summary = train(Config.from_args(["--out", str(tmp_path / "run"), "--resume", "true"]))
+    assert summary["changes"] == [{"step": 1, "lr": 0.001, "steps": 3}]
+    assert [m["lr"] for m in rows(tmp_path / "run")][1:] == [pytest.approx(1e-3)] * 2
+
+
+def test_batches_sampled_ahead_resume_from_any_entry_point(tmp_path):
+    """A checkpoint written by `python -m troll.train --staleness 1` holds its pending batch as troll.rollout.Batch,
+    so the API (or a notebook, or the study) resumes it too."""
+    from troll.rollout import Batch
+
+    out = tmp_path / "run"
+    done = cli("--out", str(out), "--sft_steps", "0", "--steps", "1", "--save_every", "1", "--staleness", "1",
+               "--eval_size", "16", "--prompts_per_step", "4", "--samples_per_prompt", "4")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    state = torch.load(complete_checkpoints(out)[0] / "trainer.pt", weights_only=False)
+    assert len(state["pending"]) == 1 and isinstance(state["pending"][0], Batch)
+    train(dataclasses.replace(Config.load(out / "config.json"), steps=2, resume=True))
+    assert [m["step"] for m in rows(out)] == [1, 2]

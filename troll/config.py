@@ -128,7 +128,11 @@ class Config:
     seed: int = opt(0, "seeds the model, the prompts and the sampler")
     out: str = opt("runs/tiny", "run directory")
     device: str = opt("cpu", "auto = cuda when available, else cpu", ("auto", "cpu", "cuda"))
-    resume: bool = opt(False, "continue the run in --out from its newest whole checkpoint (RESUME_CHANGEABLE)")
+    resume: bool = opt(
+        False,
+        "continue the run in --out from its newest whole checkpoint; only steps, lr, the eval / "
+        "save / logging schedule, micro-batching and where it runs may change",
+    )
 
     def __post_init__(self) -> None:
         problems = check(self)

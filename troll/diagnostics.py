@@ -14,8 +14,8 @@ how far the network moved in one RL step (all minibatches and epochs), over all 
 samples were drawn at. Ids the policy gives probability 0 (the masked padded vocabulary) add nothing.
 
 Cost: two no-grad forwards over the step's samples and B*T*V floats on CPU, so it is for small vocabularies only
-(the tiny task's 64 tokens: about 0.02 MB per step; Qwen's 151,936 would need 10 GB at 16k tokens). The study
-(study/run.py) turns it on; the main job leaves it off.
+(the tiny task's 260 tokens: 1.3 MB for a step's 256 x 5 positions; Qwen's 151,936 would need 10 GB at 16k
+tokens). The studies (study/) turn it on; the main job leaves it off.
 """
 
 from __future__ import annotations

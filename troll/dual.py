@@ -113,11 +113,6 @@ def check_eps(eps: float) -> None:
         raise ValueError(f"eps must be a positive finite number, got {eps!r}")
 
 
-def _rows(bad: Tensor) -> list[int]:
-    """The first few row indices where bad [N] is True, for error messages."""
-    return torch.nonzero(bad)[:5, 0].tolist()
-
-
 def _rows(bad: Tensor) -> str:
     """The first few row indices where bad [N] is True, for error messages."""
     return f"rows {torch.nonzero(bad)[:5, 0].tolist()}"

@@ -1,4 +1,4 @@
-"""Greedy pass@1 evaluation, used by training and on its own:
+"""Greedy pass@1 evaluation of a model on GSM8K, the command:
 
     python -m troll.evaluate --model NAME_OR_PATH [--data openai/gsm8k] [--chat true] [--limit N] [--out DIR]
 
@@ -9,7 +9,7 @@ and `summary.json` (accuracy, n, backend, seconds) into `--out`, and prints the 
 
 Greedy decoding is the rollout backends' own `greedy` (rollout.HFGenerator, vllm_engine.VLLMGenerator), the
 path training evaluates with too, so the numbers agree; it masks output ids past the tokenizer (Qwen's padded
-rows), as the samplers do. `encode`, `decode` and `score` are shared with troll.train.
+rows), as the samplers do. Prompts are encoded, completions decoded and scored by troll.task, as in training.
 
 `--model` (`resolve_model`): a local folder holding a model and its tokenizer (config.json, weights, tokenizer
 files); a run directory, whose `checkpoints/latest` checkpoint is evaluated (said on stderr); or a hub name. A hub
@@ -112,6 +112,21 @@ def resolve_model(name: str) -> tuple[str, str | None]:
     return cached, f"{reason}: using the cached copy of {name}, {cached}"
 
 
+def check_hub_data(data: str) -> None:
+    """A `--data` that names a hub dataset must answer at once (a local path is read, and checked, by load_gsm8k):
+    ValueError with a one-line message otherwise."""
+    from troll import gsm8k
+
+    if Path(data).expanduser().exists() or not gsm8k.is_hub_name(data) or hub_offline():
+        return
+    reason = hub_lookup(data, "dataset")
+    if reason:
+        raise ValueError(
+            f"--data {data}: {reason}; pass a folder with test.jsonl, or set HF_HUB_OFFLINE=1 to read the datasets "
+            "cache"
+        )
+
+
 def greedy_generator(backend: str, model_path: str, tokenizer: Any, max_model_len: int) -> Generator:
     """A rollout backend ("hf" or "vllm") holding the model at `model_path`, for its `greedy` method."""
     import torch
@@ -164,13 +179,7 @@ def main(argv: list[str] | None = None) -> dict:
         fail(f"--out {out} is a file, not a folder")
     try:
         model_path, note = resolve_model(args.model)
-        hub_data = not Path(args.data).expanduser().exists() and gsm8k.is_hub_name(args.data)
-        reason = hub_lookup(args.data, "dataset") if hub_data and not hub_offline() else None
-        if reason:
-            raise ValueError(
-                f"--data {args.data}: {reason}; pass a folder with test.jsonl, or set HF_HUB_OFFLINE=1 to read "
-                "the datasets cache"
-            )
+        check_hub_data(args.data)
         rows = gsm8k.load_gsm8k("test", source=args.data, limit=args.limit)
     except (OSError, ValueError) as e:
         fail(str(e))

@@ -57,7 +57,9 @@ from troll.config import RESUME_CHANGEABLE, Config
 from troll.metrics import Logger, logger_missing
 
 RUN_FILES = ("config.json", "metrics.jsonl", "samples.jsonl", "summary.json", "checkpoints")
-STATE_KEYS = ("step", "eval_before", "eval_after", "eval_best", "eval_best_step", "skipped_steps", "changes", "pending")
+# what trainer.pt holds besides the optimiser and schedule; `config`: the settings it was written with
+STATE_KEYS = ("step", "eval_before", "eval_after", "eval_best", "eval_best_step", "skipped_steps", "changes")
+STATE_KEYS += ("pending", "config")
 
 
 class RunError(Exception):
@@ -77,6 +79,24 @@ def auto_micro_batch(cfg: Config, device: torch.device) -> int:
     gib = torch.cuda.get_device_properties(device).total_memory / memory.GIB
     vllm = cfg.vllm_gpu_memory if cfg.backend == "vllm" else 0.0
     return memory.micro_batch_tokens(cfg.model, gib, vllm, cfg.grad_checkpointing, chunked=cfg.logits_chunk > 0)
+
+
+def check_sources(cfg: Config) -> None:
+    """The model and the data the run reads can be had, checked before any work: a missing path, a run directory
+    given as --model, malformed data or an unreachable hub name is a RunError naming it (troll.evaluate's checks)."""
+    from troll import evaluate, gsm8k
+
+    try:
+        if cfg.model != "tiny":
+            path, note = evaluate.resolve_model(cfg.model)
+            if note:  # a run directory: training starts from a model folder, not from a run
+                raise ValueError(f"--model {cfg.model} is a run directory: pass one of its checkpoints, e.g. {path}")
+        if cfg.task == "gsm8k":
+            evaluate.check_hub_data(cfg.data)
+            if Path(cfg.data).expanduser().exists() or not gsm8k.is_hub_name(cfg.data):
+                gsm8k.load_gsm8k("test", cfg.data)  # a local source: read and checked row by row
+    except (OSError, ValueError) as e:
+        raise RunError(str(e)) from None
 
 
 class Run:
@@ -116,7 +136,7 @@ class Run:
             if state is None:
                 _check_fresh(cfg, out)
             else:
-                cfg = _resumed_config(cfg, out, state)
+                cfg = _resumed_config(cfg, state)
         except BaseException:
             lock.close()
             raise
@@ -206,7 +226,7 @@ class Run:
 
     def finish(self, eval_problems: int) -> dict:
         """Write summary.json; returns the summary."""
-        summary = {k: v for k, v in self.state.items() if k not in ("step", "pending")}
+        summary = {k: v for k, v in self.state.items() if k not in ("step", "pending", "config")}
         summary |= {"wall_clock_s": round(time.time() - self.t_start, 1), "steps": self.cfg.steps}
         summary |= {"loss": self.cfg.loss, "seed": self.cfg.seed, "eval_problems": eval_problems}
         write_json(self.out / "summary.json", summary)
@@ -229,7 +249,10 @@ class Run:
             self.logger.log(r)
 
     def _save(self, model: Any, tokenizer: Any, opt: Any, sched: Any) -> None:
-        state = self.state | {"wall_clock_s": time.time() - self.t_start}
+        state = self.state | {
+            "wall_clock_s": time.time() - self.t_start,
+            "config": _settings(dataclasses.asdict(self.cfg)),
+        }
         save_checkpoint(self.out, model, tokenizer, opt, sched, state)
 
 
@@ -261,13 +284,22 @@ def _lock(out: Path) -> Any:
     return f
 
 
+NOT_SETTINGS = ("out", "resume")  # where and how a run is started, not what it is
+
+
+def _settings(cfg: dict) -> dict:
+    """The fields that say what a run is: every field but where and how it was started."""
+    return {k: v for k, v in cfg.items() if k not in NOT_SETTINGS}
+
+
 def _same_run(cfg: Config, out: Path) -> bool:
-    """Whether <out>/config.json is this config (the same run, whatever --resume says)."""
+    """Whether <out>/config.json is this run: the same settings, up to those that may change on resume."""
     try:
-        saved = Config.load(out / "config.json")
+        saved = dataclasses.asdict(Config.load(out / "config.json"))
     except (OSError, ValueError):
         return False
-    return dataclasses.replace(saved, resume=cfg.resume) == cfg
+    fixed = {k: v for k, v in _settings(dataclasses.asdict(cfg)).items() if k not in RESUME_CHANGEABLE}
+    return all(saved[k] == v for k, v in fixed.items())
 
 
 def _check_fresh(cfg: Config, out: Path) -> None:
@@ -276,16 +308,15 @@ def _check_fresh(cfg: Config, out: Path) -> None:
     present = [name for name in RUN_FILES if (out / name).exists()]
     if not present:
         return
-    has_checkpoint = bool(complete_checkpoints(out))
-    if has_checkpoint and not cfg.resume:
+    if complete_checkpoints(out):
         raise RunError(f"{out} already holds a run: pass --resume true to continue it, or choose another --out")
-    if not has_checkpoint and "summary.json" not in present and _same_run(cfg, out):
-        print(f"{out}: a run with this config stopped before its first checkpoint; starting it from the beginning")
+    if "summary.json" not in present and _same_run(cfg, out):
+        print(f"{out}: this run stopped before its first checkpoint; starting it from the beginning")
         shutil.rmtree(out / "checkpoints", ignore_errors=True)
         return
     raise RunError(
-        f"{out} holds files this run would overwrite ({', '.join(present)}) and no checkpoint of this config: "
-        "choose another --out, or remove them"
+        f"{out} holds files this run would overwrite ({', '.join(present)}), written by another run or a finished "
+        "one: choose another --out, or remove them"
     )
 
 
@@ -295,29 +326,35 @@ def _pick_checkpoint(out: Path) -> tuple[Path | None, dict | None]:
     candidates = complete_checkpoints(out)
     for ckpt in candidates:
         problem = check_checkpoint(ckpt)
+        state = None
         if problem is None:
-            if ckpt != candidates[0]:
-                print(f"resuming from the older checkpoint {ckpt}")
-            state = load_trainer_state(ckpt)
-            missing = [k for k in STATE_KEYS if k not in state]
-            if missing:
-                raise RunError(
-                    f"{ckpt / 'trainer.pt'} lacks {missing} (written by an older troll): finish that run with the "
-                    "troll that started it, or start a new one"
-                )
-            return ckpt, state
-        print(f"checkpoint damaged: {problem}")
+            try:
+                state = load_trainer_state(ckpt)
+            except Exception as e:  # torch.load raises several types on a damaged file
+                problem = f"{ckpt / 'trainer.pt'} cannot be read ({type(e).__name__}: {str(e).splitlines()[0][:120]})"
+        if state is None:
+            print(f"checkpoint damaged: {problem}")
+            continue
+        if ckpt != candidates[0]:
+            print(f"resuming from the older checkpoint {ckpt}")
+        missing = [k for k in STATE_KEYS if k not in state]
+        if missing:
+            raise RunError(
+                f"{ckpt / 'trainer.pt'} lacks {missing} (written by an older troll): finish that run with the troll "
+                "that started it, or start a new one"
+            )
+        return ckpt, state
     if candidates:
         raise RunError(f"no checkpoint in {out / 'checkpoints'} is whole (see above): start a new run")
-    print(f"{out}: no checkpoint yet, starting the run from the beginning")
+    print(f"{out}: no checkpoint to resume from yet")
     return None, None
 
 
-def _resumed_config(cfg: Config, out: Path, state: dict) -> Config:
-    """`cfg` checked against the run's saved config: only RESUME_CHANGEABLE fields may differ; their changes are
-    recorded in the state from this step on."""
-    saved = dataclasses.asdict(Config.load(out / "config.json"))
-    changed = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "resume" and saved[k] != v}
+def _resumed_config(cfg: Config, state: dict) -> Config:
+    """`cfg` checked against the config the checkpoint was written with: only RESUME_CHANGEABLE fields may differ;
+    their changes are recorded in the state from this step on."""
+    saved, given = state["config"], _settings(dataclasses.asdict(cfg))
+    changed = {k: v for k, v in given.items() if saved[k] != v}
     fixed = sorted(set(changed) - set(RESUME_CHANGEABLE))
     if fixed:
         was = ", ".join(f"{k}={saved[k]!r} (given {changed[k]!r})" for k in fixed)

@@ -60,7 +60,7 @@ def build_model(cfg: Config, device: torch.device, path: str | Path | None = Non
         from troll import addition
         from troll.tiny import tiny_llama, train_tokenizer
 
-        tokenizer = train_tokenizer(addition.corpus(), vocab_size=64)  # bytes only: one token per character
+        tokenizer = train_tokenizer(addition.corpus(), vocab_size=64)  # 260 tokens: the 256 bytes + specials
         model = tiny_llama(tokenizer, **TINY, seed=cfg.seed)
     else:
         src = path or cfg.model

@@ -101,6 +101,20 @@ class Rollouts:
         )
 
 
+@dataclass
+class Batch:
+    """One RL step's data, made when it is sampled (troll.train.collect): the rollouts, their rewards [B] and
+    advantages [B], the random state that goes on to shuffle its minibatches, and what making it cost. Batches
+    sampled ahead (--staleness) are saved in checkpoints, so the class lives here, in an importable module."""
+
+    ro: Rollouts
+    rewards: Tensor
+    adv: Tensor
+    rng_state: Tensor
+    time_generate: float
+    time_score: float
+
+
 class Generator(Protocol):
     """What the trainer and the evaluation need from a rollout backend (HFGenerator, vllm_engine.VLLMGenerator)."""
 

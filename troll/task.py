@@ -1,6 +1,6 @@
 """The task an RL run trains on: problems, a prompt template, a reward, and the text <-> token plumbing around them.
 
-    task = load_task(cfg, tokenizer)               # Task(train, test, prompt, reward), prompts too long dropped
+    task, dropped = load_task(cfg, tokenizer)      # Task(train, test, prompt, reward); rows dropped per split
     ids = encode(tokenizer, [task.prompt(r["question"]) for r in rows])
     texts = decode(tokenizer, completion_ids)      # special tokens (EOS, padding) removed
     acc, records = evaluate(generator, tokenizer, task, max_new_tokens)   # greedy pass@1 on task.test

@@ -40,7 +40,6 @@ if __name__ == "__main__":  # parse the command line before importing torch: --h
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,11 +47,11 @@ import torch
 
 from troll.advantages import advantages
 from troll.diagnostics import UpdateKL, mismatch, peak_memory_mb
-from troll.harness import Run, RunError
+from troll.harness import Run, RunError, check_sources
 from troll.losses import LOSSES
 from troll.metrics import merge
 from troll.policy import build_model, rollout_logits
-from troll.rollout import Generator, HFGenerator, Rollouts
+from troll.rollout import Batch, Generator, HFGenerator, Rollouts
 from troll.sparse import SparseDist, cat_rows, sparsify, sparsify_topk
 from troll.task import Task, decode, encode, evaluate, load_task
 from troll.warmstart import warm_start_task
@@ -98,19 +97,6 @@ def make_optimizer(cfg: Config, model: Any) -> tuple[torch.optim.Optimizer, torc
 
 
 # ----------------------------------------------------------------------------- the pieces of one RL step
-
-
-@dataclass
-class Batch:
-    """One RL step's data, made when it is sampled: the rollouts, their rewards [B] and advantages [B], and the
-    random state that goes on to shuffle its minibatches."""
-
-    ro: Rollouts
-    rewards: torch.Tensor
-    adv: torch.Tensor
-    rng_state: torch.Tensor
-    time_generate: float
-    time_score: float
 
 
 def collect(cfg: Config, index: int, tokenizer: Any, generator: Generator, task: Task) -> Batch:
@@ -308,7 +294,8 @@ def train(cfg: Config) -> dict:
 
 if __name__ == "__main__":
     try:
+        check_sources(CLI_CONFIG)
         train(CLI_CONFIG)
-    except RunError as e:  # a problem with the run directory: one line, usage exit status
+    except RunError as e:  # a problem with the run directory or its sources: one line, usage exit status
         print(f"troll.train: error: {e}", file=sys.stderr)
         sys.exit(2)
