@@ -208,7 +208,7 @@ def t_interval(diffs: Sequence[float]) -> tuple[float, float]:
     return mean, float(t.ppf(0.975, len(diffs) - 1)) * statistics.stdev(diffs) / math.sqrt(len(diffs))
 
 
-def paired(rows: Sequence[dict]) -> list[dict]:
+def paired(rows: Sequence[dict], baseline: str = BASELINE) -> list[dict]:
     """Per (lr, source, anchor, loss): n seeds, mean final accuracy and gain, the mean paired difference to the
     baseline's final accuracy on the same seed with its 95% interval, and the runs that ended below their start."""
     by = {(r["lr"], r["source"], r["anchor"], r["loss"], r["seed"]): r for r in rows}
@@ -218,9 +218,9 @@ def paired(rows: Sequence[dict]) -> list[dict]:
     for lr, source, anchor, loss in cells:
         runs = [r for k, r in by.items() if k[:4] == (lr, source, anchor, loss)]
         diffs = [
-            r["eval_after"] - by[(lr, source, anchor, BASELINE, r["seed"])]["eval_after"]
+            r["eval_after"] - by[(lr, source, anchor, baseline, r["seed"])]["eval_after"]
             for r in runs
-            if (lr, source, anchor, BASELINE, r["seed"]) in by
+            if (lr, source, anchor, baseline, r["seed"]) in by
         ]
         mean, half = t_interval(diffs) if diffs else (math.nan, math.nan)
         out.append({
@@ -234,15 +234,15 @@ def paired(rows: Sequence[dict]) -> list[dict]:
     return out
 
 
-def report(rows: Sequence[dict]) -> str:
+def report(rows: Sequence[dict], baseline: str = BASELINE) -> str:
     """The paired table as markdown."""
     lines = [
-        "| lr | source | anchor | loss | seeds | final acc | gain | vs PPO-clip (95% CI) | below start | "
+        f"| lr | source | anchor | loss | seeds | final acc | gain | vs {baseline} (95% CI) | below start | "
         "update KL | mismatch KL |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for c in paired(rows):
-        vs = "-" if c["loss"] == BASELINE else f"{c['diff']:+.3f} ± {c['half']:.3f}"
+    for c in paired(rows, baseline):
+        vs = "-" if c["loss"] == baseline else f"{c['diff']:+.3f} ± {c['half']:.3f}"
         lines.append(
             f"| {c['lr']:g} | {c['source']} | {c['anchor']} | {c['loss']} | {c['n']} | {c['after']:.3f} | "
             f"{c['gain']:+.3f} | {vs} | {c['below']}/{c['n']} | {c['kl_update']:.4f} | {c['mismatch_kl']:.4f} |"
@@ -296,6 +296,7 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--jobs", type=int, default=1, help="runs at a time; default: %(default)s")
     p.add_argument("--dry-run", action="store_true", help="list the grid, run nothing")
     p.add_argument("--report", action="store_true", help="print the paired table of the results file")
+    p.add_argument("--baseline", default=BASELINE, choices=list(LOSSES), help="the report's paired baseline")
     p.add_argument("--figures", default=None, help="draw the paired figure of the results file into this folder")
     args = p.parse_args(argv)
     for name in ("steps", "eval_size", "sft_steps", "jobs"):
@@ -315,7 +316,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         if not rows:
             usage_error(f"{args.results} holds no results")
         if args.report:
-            print(report(rows))
+            print(report(rows, args.baseline))
         if args.figures:
             print(plot_paired(rows, Path(args.figures)))
         return rows

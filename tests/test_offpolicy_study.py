@@ -29,6 +29,8 @@ def test_paired_differences_and_their_t_interval():
     assert cells["ppo_clip"]["diff"] == 0.0 and sum(diffs) / 3 == pytest.approx(cells["troll"]["diff"])
     table = offpolicy.report(rows)
     assert "+0.200 ± 0.248" in table and "1/3" in table
+    against_troll = {c["loss"]: c for c in offpolicy.paired(rows, baseline="troll")}
+    assert against_troll["ppo_clip"]["diff"] == pytest.approx(-0.2) and against_troll["troll"]["diff"] == 0.0
 
 
 def test_grid_crosses_anchors_only_where_the_sampler_differs():
