@@ -200,7 +200,7 @@ def t_interval(diffs: Sequence[float]) -> tuple[float, float]:
     try:
         from scipy.stats import t
     except ImportError:
-        usage_error("the report's t-intervals need scipy: pip install scipy (or the dev extra)")
+        usage_error("the report's t-intervals need scipy: pip install scipy (or the dev extra)", PROG)
 
     mean = statistics.fmean(diffs)
     if len(diffs) < 2:
@@ -314,7 +314,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     if args.report or args.figures:
         rows = list(read_results(Path(args.results)).values())
         if not rows:
-            usage_error(f"{args.results} holds no results")
+            usage_error(f"{args.results} holds no results", PROG)
         if args.report:
             print(report(rows, args.baseline))
         if args.figures:
@@ -327,11 +327,11 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         for where, saved in ((args.results, done.get(run.name, {}).get("config")), (path, _read_config(path))):
             if saved is not None and saved != want:
                 changed = sorted(k for k in want if saved.get(k) != want[k])
-                usage_error(f"{run.name} ({where}) was run with other settings ({', '.join(changed)})")
+                usage_error(f"{run.name} ({where}) was run with other settings ({', '.join(changed)})", PROG)
     for seed in sorted({r.seed for r in runs}):  # a warm-start made with another step limit is not this study's
         record = _read_config(warm_dir(args, seed) / "warm.json")
         if record is not None and record.get("sft_limit") != args.sft_steps:
-            usage_error(f"{warm_dir(args, seed)} was warm-started with --sft_steps {record.get('sft_limit')}")
+            usage_error(f"{warm_dir(args, seed)} was warm-started with --sft_steps {record.get('sft_limit')}", PROG)
     todo = [r for r in runs if r.name not in done]
     print(f"{len(runs)} runs, {len(runs) - len(todo)} done, {len(todo)} to run with {args.jobs} job(s)")
     if args.dry_run:

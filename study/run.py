@@ -194,9 +194,9 @@ def differences(run: Run, args: argparse.Namespace, recorded: dict[str, dict]) -
     ]
 
 
-def usage_error(message: str) -> NoReturn:
+def usage_error(message: str, prog: str = PROG) -> NoReturn:
     """One line on stderr, exit 2: the study cannot go on as asked."""
-    print(f"{PROG}: error: {message}", file=sys.stderr)
+    print(f"{prog}: error: {message}", file=sys.stderr)
     raise SystemExit(2)
 
 
