@@ -110,15 +110,24 @@ def test_vllm_backend_two_steps(tmp_path, monkeypatch, varied_reward):
     assert all(0.0 <= acc <= 1.0 for _, acc in evals(tmp_path / "run"))
 
 
-def test_vllm_backend_stale_bf16_rollouts(tmp_path, monkeypatch, varied_reward):
-    """--staleness and --rollout_dtype bfloat16 on the vLLM engine: the mismatch metrics see the bf16 sampler."""
+def test_vllm_backend_stale_bf16_rollouts_resume_exactly(tmp_path, monkeypatch, varied_reward):
+    """--staleness and --rollout_dtype bfloat16 on the vLLM engine: the mismatch metrics see the bf16 sampler, and
+    a run resumed at step 2 (a fresh engine, the pending batch from the checkpoint) repeats step 3 exactly."""
     pytest.importorskip("vllm")
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-    train(tiny(tmp_path, backend="vllm", staleness=1, rollout_dtype="bfloat16", steps=3))
-    m = rows(tmp_path / "run")
+    kw = dict(backend="vllm", staleness=1, rollout_dtype="bfloat16", save_every=1)
+    train(tiny(tmp_path / "a", steps=3, **kw))
+    m = rows(tmp_path / "a" / "run")
     assert len(m) == 3 and all(math.isfinite(r["policy"]) for r in m)
     assert m[0]["mismatch_logratio_absmax"] > 1e-4 and m[0]["mismatch_kl"] >= 0
+    first = tiny(tmp_path / "b", steps=2, **kw)
+    train(first)
+    train(dataclasses.replace(first, steps=3, resume=True))
+    b = rows(tmp_path / "b" / "run")
+    for key in m[2]:
+        if not key.startswith(TIMING_KEYS):
+            assert m[2][key] == pytest.approx(b[2][key], rel=1e-6, abs=1e-9), key
 
 
 @pytest.mark.parametrize("epochs, staleness, rollout_dtype", [(1, 0, "auto"), (2, 0, "auto"), (1, 2, "bfloat16")])
