@@ -48,10 +48,10 @@ from dataclasses import asdict, dataclass
 from multiprocessing import get_context
 from pathlib import Path
 
-from study.run import _init_worker, _settings, train_run, usage_error
+from study.run import _init_worker, train_run, usage_error
 from troll import plot
 from troll.checkpoint import read_jsonl, rewrite_jsonl
-from troll.config import Config
+from troll.config import Config, settings
 
 SOURCES: dict[str, dict] = {
     "none": {},
@@ -145,7 +145,7 @@ def warm_start(seed: int, args: argparse.Namespace) -> dict:
 
 def _read_config(path: Path) -> dict | None:
     """A saved config.json (or warm.json) as a dict of settings, or None when there is none."""
-    return _settings(json.loads(path.read_text())) if path.is_file() else None
+    return settings(json.loads(path.read_text())) if path.is_file() else None
 
 
 def read_results(path: Path) -> dict[str, dict]:
@@ -183,7 +183,7 @@ def collect(run: Run, out: Path) -> dict:
         "is_weight_mean": mean("is_weight_mean"),
         "skipped_steps": summary["skipped_steps"],
         "wall_clock_s": summary["wall_clock_s"],
-        "config": _settings(json.loads((out / "config.json").read_text())),
+        "config": settings(json.loads((out / "config.json").read_text())),
     }
 
 
@@ -322,7 +322,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         return rows
     runs, done = grid(args), read_results(Path(args.results))
     for run in runs:  # a run recorded, or in its folder, with other settings is not counted as done
-        want = _settings(asdict(config(run, args)))
+        want = settings(asdict(config(run, args)))
         path = Path(args.out) / run.name / "config.json"
         for where, saved in ((args.results, done.get(run.name, {}).get("config")), (path, _read_config(path))):
             if saved is not None and saved != want:

@@ -60,7 +60,7 @@ from typing import NoReturn
 
 from study import figures
 from troll import plot
-from troll.config import Config
+from troll.config import Config, settings
 
 VARIANTS: dict[str, dict] = {
     "troll-rest": dict(loss="troll", support="rest"),
@@ -78,7 +78,6 @@ SEEDS = (0, 1, 2)
 # load: docs/results.md#the-trust-region-study).
 MEASURED = {"wall_s": 28.5, "steps": 40, "step_s": 0.346, "update_pass_s": 0.184}
 PROG = "python -m study.run"
-NOT_SETTINGS = ("out", "resume")  # config fields that say where and how a run is started, not what it is
 
 
 @dataclass(frozen=True)
@@ -158,23 +157,19 @@ def collect(run: Run, out: Path) -> dict:
         "frac_active_mean": sum(frac) / max(len(frac), 1),
         "skipped_steps": summary["skipped_steps"],
         "wall_clock_s": summary["wall_clock_s"],
-        "config": _settings(json.loads((out / "config.json").read_text())),
+        "config": settings(json.loads((out / "config.json").read_text())),
     }
-
-
-def _settings(cfg: dict) -> dict:
-    return {k: v for k, v in cfg.items() if k not in NOT_SETTINGS}
 
 
 def differences(run: Run, args: argparse.Namespace, recorded: dict[str, dict]) -> list[str]:
     """How the run's saved config (<out>/<name>/config.json) or results row differs from `config(run, args)`:
     one "field: was X, now Y" per differing field, empty when the run is this grid's (module docstring)."""
-    want = _settings(asdict(config(run, args)))
+    want = settings(asdict(config(run, args)))
     saved = []
     path = Path(args.out) / run.name / "config.json"
     if path.is_file():
         try:
-            saved.append((str(path), _settings(json.loads(path.read_text()))))
+            saved.append((str(path), settings(json.loads(path.read_text()))))
         except json.JSONDecodeError as e:
             raise ValueError(f"{path} is not valid JSON ({e.msg} at line {e.lineno})") from None
     row = recorded.get(run.name)

@@ -155,8 +155,8 @@ class Config:
                 if not saved.is_file():
                     parser.error(f"--resume true: {saved} does not exist (nothing to resume)")
                 cfg = cls.load(saved)
-                fixed = [f"--{k} (the run has {getattr(cfg, k)!r})" for k, v in overrides.items()
-                         if k not in RESUME_CHANGEABLE + ("resume", "out") and v != getattr(cfg, k)]  # fmt: skip
+                fixed = [f"--{k} (the run has {getattr(cfg, k)!r})" for k, v in settings(overrides).items()
+                         if k not in RESUME_CHANGEABLE and v != getattr(cfg, k)]  # fmt: skip
                 if fixed:
                     parser.error(f"cannot change on resume: {', '.join(fixed)}; start a new run to change them")
             cfg = dataclasses.replace(cfg, **overrides)
@@ -237,6 +237,14 @@ class Config:
             return cls(**data)
         except ValueError as e:
             raise ValueError(f"{path}: {e}") from None
+
+
+NOT_SETTINGS = ("out", "resume")  # where and how a run is started, not what it is
+
+
+def settings(fields: dict[str, Any]) -> dict[str, Any]:
+    """A config's fields (a dict, e.g. a saved config.json) less where and how the run was started: what it is."""
+    return {k: v for k, v in fields.items() if k not in NOT_SETTINGS}
 
 
 # What may differ when a run is resumed (troll.harness applies and records it); every other field is the run's.

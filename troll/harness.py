@@ -53,7 +53,7 @@ from troll.checkpoint import (
     truncate_jsonl,
     write_json,
 )
-from troll.config import RESUME_CHANGEABLE, Config
+from troll.config import RESUME_CHANGEABLE, Config, settings
 from troll.metrics import Logger, logger_missing
 
 RUN_FILES = ("config.json", "metrics.jsonl", "samples.jsonl", "summary.json", "checkpoints")
@@ -251,7 +251,7 @@ class Run:
     def _save(self, model: Any, tokenizer: Any, opt: Any, sched: Any) -> None:
         state = self.state | {
             "wall_clock_s": time.time() - self.t_start,
-            "config": _settings(dataclasses.asdict(self.cfg)),
+            "config": settings(dataclasses.asdict(self.cfg)),
         }
         save_checkpoint(self.out, model, tokenizer, opt, sched, state)
 
@@ -284,21 +284,13 @@ def _lock(out: Path) -> Any:
     return f
 
 
-NOT_SETTINGS = ("out", "resume")  # where and how a run is started, not what it is
-
-
-def _settings(cfg: dict) -> dict:
-    """The fields that say what a run is: every field but where and how it was started."""
-    return {k: v for k, v in cfg.items() if k not in NOT_SETTINGS}
-
-
 def _same_run(cfg: Config, out: Path) -> bool:
     """Whether <out>/config.json is this run: the same settings, up to those that may change on resume."""
     try:
         saved = dataclasses.asdict(Config.load(out / "config.json"))
     except (OSError, ValueError):
         return False
-    fixed = {k: v for k, v in _settings(dataclasses.asdict(cfg)).items() if k not in RESUME_CHANGEABLE}
+    fixed = {k: v for k, v in settings(dataclasses.asdict(cfg)).items() if k not in RESUME_CHANGEABLE}
     return all(saved[k] == v for k, v in fixed.items())
 
 
@@ -353,7 +345,7 @@ def _pick_checkpoint(out: Path) -> tuple[Path | None, dict | None]:
 def _resumed_config(cfg: Config, state: dict) -> Config:
     """`cfg` checked against the config the checkpoint was written with: only RESUME_CHANGEABLE fields may differ;
     their changes are recorded in the state from this step on."""
-    saved, given = state["config"], _settings(dataclasses.asdict(cfg))
+    saved, given = state["config"], settings(dataclasses.asdict(cfg))
     changed = {k: v for k, v in given.items() if saved[k] != v}
     fixed = sorted(set(changed) - set(RESUME_CHANGEABLE))
     if fixed:
