@@ -3,12 +3,21 @@
 The loss test is the contract: on one generated batch, with the model moved away from the policy that produced it,
 `TROLLGRPOTrainer.compute_loss` equals `troll.losses.troll_loss` computed here from the same completions
 (`completion_logits` on unpadded prompts, q from a copy of the generating weights), in value and in gradient, for
-every supported loss type and GSPO's sequence level.
+every supported loss type and GSPO's sequence level; and with the sampler's log-probs, for the decoupled correction
+in each of its modes, with `behaviour_logp` = those log-probs.
+
+The sampler's log-probs enter at TRL's own seam: `GRPOTrainer._generate_single_turn` returns (completion ids,
+log-probs), which its vLLM branch fills from the engine and its transformers branch leaves None; TRL pads them
+into the batch field "sampling_per_token_logps". `inject_sampler` wraps that method to return the generating
+model's log-prob of each sampled token plus noise (so mu != q) and one None (a token vLLM could not score). TRL's
+vLLM colocate path itself cannot train with the installed vLLM CPU build (TRL's weight sync into the engine fails,
+docs/results.md); `test_vllm_colocate_first_batch` runs it on the one batch that needs no sync.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import runpy
 import subprocess
@@ -20,6 +29,7 @@ import torch
 from datasets import Dataset
 
 from troll import addition
+from troll.diagnostics import mismatch_at
 from troll.integrations.trl import TRL_VERSIONS, TROLLConfig, TROLLGRPOTrainer, check_trl_version
 from troll.losses import troll_loss
 from troll.policy import completion_logits
@@ -67,22 +77,65 @@ def make_trainer(tokenizer, tmp_path: Path, **overrides) -> TROLLGRPOTrainer:
     )
 
 
+def inject_sampler(trainer: TROLLGRPOTrainer, noise: float = 0.6) -> list[list[float | None]]:
+    """Make `trainer._generate_single_turn` (TRL's seam, module docstring) return sampler log-probs: the generating
+    model's log-prob of each sampled token plus N(0, noise^2), None at the first token of the first completion.
+    Returns the list the log-probs of the last call are written to (one list per completion, as TRL gets them)."""
+    original, record = trainer._generate_single_turn, []
+    g = torch.Generator().manual_seed(2)
+
+    def generate(prompt_ids, images, multimodal_fields, num_generations, *args, **kwargs):
+        completions, logprobs = original(prompt_ids, images, multimodal_fields, num_generations, *args, **kwargs)
+        assert logprobs is None and len(completions) == len(prompt_ids)  # transformers' branch: no log-probs
+        T = max(map(len, completions))
+        padded = torch.tensor([c + [0] * (T - len(c)) for c in completions])
+        with torch.no_grad():
+            logits = completion_logits(
+                trainer.model, prompt_ids, padded, trainer.temperature, trainer.model.config.vocab_size
+            )
+        lp = torch.log_softmax(logits, -1).gather(-1, padded[..., None])[..., 0]
+        lp = lp + noise * torch.randn(lp.shape, generator=g)
+        record[:] = [lp[i, : len(c)].tolist() for i, c in enumerate(completions)]
+        record[0][0] = None  # vLLM's way of saying it could not score a token
+        return completions, [list(r) for r in record]
+
+    trainer._generate_single_turn = generate
+    return record
+
+
+CONTRACT = [  # loss_type, level, agg, support, chunk
+    ("dapo", "token", "token-mean", "rest", 0),
+    ("bnpo", "token", "token-mean", "rest", 0),
+    ("grpo", "token", "seq-mean-token-mean", "rest", 0),
+    ("dr_grpo", "token", "seq-mean-token-sum-norm", "rest", 0),
+    ("dapo", "sequence", "token-mean", "rest", 0),
+    ("dapo", "token", "token-mean", "paper", 0),
+    ("dapo", "token", "token-mean", "rest", 7),
+]
+DAPO = CONTRACT[0]
+CORRECTED = [  # (*CONTRACT row, vllm_importance_sampling_mode, clip_min, clip_max)
+    *[(*row, "truncate", None, 2.0) for row in CONTRACT if row[1] == "token"],
+    (*CONTRACT[4], "truncate", None, 1.1),  # GSPO averages the noise: a lower cap, so that it binds
+    (*DAPO, "token_truncate", 0.8, 2.0),
+    (*DAPO, "token_mask", 0.8, 2.0),
+    (*DAPO, "sequence_truncate", None, 2.0),
+    (*DAPO, "sequence_mask", 0.5, 2.0),
+    (*CONTRACT[4], "sequence_mask", None, 2.0),  # GSPO with TRL's sequence mask
+]
+
+
 @pytest.mark.parametrize(
-    ("loss_type", "level", "agg", "support", "chunk"),
-    [
-        ("dapo", "token", "token-mean", "rest", 0),
-        ("bnpo", "token", "token-mean", "rest", 0),
-        ("grpo", "token", "seq-mean-token-mean", "rest", 0),
-        ("dr_grpo", "token", "seq-mean-token-sum-norm", "rest", 0),
-        ("dapo", "sequence", "token-mean", "rest", 0),
-        ("dapo", "token", "token-mean", "paper", 0),
-        ("dapo", "token", "token-mean", "rest", 7),
-    ],
+    ("loss_type", "level", "agg", "support", "chunk", "mode", "clip_min", "cap"),
+    [(*row, None, None, None) for row in CONTRACT] + CORRECTED,
 )
-def test_loss_equals_troll_loss(tokenizer, tmp_path, loss_type, level, agg, support, chunk):
+def test_loss_equals_troll_loss(tokenizer, tmp_path, loss_type, level, agg, support, chunk, mode, clip_min, cap):
     """TRL's compute_loss on a generated batch equals troll_loss on full logits (the reference: q from the
     unpadded prompts before a weight perturbation), in value and every gradient; chunk > 0: TRL's side runs the
-    chunked output layer, old-policy pass included."""
+    chunked output layer, old-policy pass included. With `mode`, the sampler reports log-probs that differ from
+    q (inject_sampler) and the reference is troll_loss with behaviour_logp = them (log q(y) where the sampler gave
+    None) in that mode, with floor clip_min and cap; the mismatch metrics are logged as mismatch_at computes them."""
+    settings = {"vllm_importance_sampling_mode": mode, "vllm_importance_sampling_clip_min": clip_min} if mode else {}
+    settings |= {"vllm_importance_sampling_clip_max": cap} if mode else {}
     trainer = make_trainer(
         tokenizer,
         tmp_path,
@@ -90,7 +143,9 @@ def test_loss_equals_troll_loss(tokenizer, tmp_path, loss_type, level, agg, supp
         importance_sampling_level=level,
         troll_support=support,
         troll_logits_chunk=chunk,
+        **settings,
     )
+    sampled = inject_sampler(trainer) if mode else None
     model = trainer.model
     model.train()
     torch.manual_seed(1)
@@ -110,6 +165,16 @@ def test_loss_equals_troll_loss(tokenizer, tmp_path, loss_type, level, agg, supp
     model.zero_grad()
 
     old = sparsify(q_logits.flatten(0, 1), comp.flatten(), k=64, delta=1e-5)
+    correction = {}
+    if mode:
+        lq_y = torch.log_softmax(q_logits, -1).gather(-1, comp[..., None])[..., 0]
+        mu = torch.zeros(comp.shape)
+        for i, row in enumerate(sampled):
+            mu[i, : len(row)] = torch.tensor([math.nan if x is None else x for x in row])
+        scored = ~torch.isnan(mu)
+        correction = dict(
+            behaviour_logp=torch.where(scored, mu, lq_y), is_mode=mode, is_cap=cap, is_floor=clip_min or 0.0
+        )
     want, metrics = troll_loss(
         completion_logits(model, unpadded, comp, 0.7, V),
         comp,
@@ -121,6 +186,7 @@ def test_loss_equals_troll_loss(tokenizer, tmp_path, loss_type, level, agg, supp
         norm_len=6,
         level=level,
         support=support,
+        **correction,
     )
     assert batch["num_items_in_batch"] == mask.sum()  # so TRL's dapo normaliser is troll's token mean here
     want.backward()
@@ -132,6 +198,31 @@ def test_loss_equals_troll_loss(tokenizer, tmp_path, loss_type, level, agg, supp
     logged = trainer._metrics["train"]
     assert logged["troll/kl_after_max"] == [pytest.approx(metrics["kl_after_max"])]
     assert logged["troll/frac_active"] == [pytest.approx(metrics["frac_active"])]
+    if not mode:
+        assert "troll/mismatch_kl" not in logged and "is_weight_mean" not in metrics  # no sampler log-probs
+        return
+    # the weight is real: some tokens are re-weighted, some bounded (capped, floored or masked)
+    assert metrics["is_weight_max"] > 1.0 and 0 < metrics["is_frac_truncated"] < 1
+    assert logged["troll/is_frac_truncated"] == [pytest.approx(metrics["is_frac_truncated"])]
+    assert logged["troll/is_weight_mean"] == [pytest.approx(metrics["is_weight_mean"])]
+    expected = mismatch_at(lq_y, mu, mask & scored)
+    assert expected["mismatch_kl"] > 0.01
+    for key, value in expected.items():
+        assert logged[f"troll/{key}"] == [pytest.approx(value, rel=1e-4, abs=1e-6)]
+
+
+def test_correction_off_keeps_the_plain_loss_and_logs_the_mismatch(tokenizer, tmp_path):
+    """vllm_importance_sampling_correction=False with sampler log-probs: the loss is the uncorrected troll_loss
+    (no is_* metrics), and the mismatch is logged all the same."""
+    trainer = make_trainer(tokenizer, tmp_path, vllm_importance_sampling_correction=False)
+    inject_sampler(trainer)
+    trainer.model.train()
+    prompts = [r["question"] for r in addition.problems("train")[:2]]
+    batch = trainer._generate_and_score_completions([{"prompt": p} for p in prompts for _ in range(4)])
+    assert "sampling_per_token_logps" in batch and "troll_behaviour_logp" not in batch
+    trainer.compute_loss(trainer.model, batch)
+    logged = trainer._metrics["train"]
+    assert "troll/is_weight_mean" not in logged and logged["troll/mismatch_kl"][0] > 0.01
 
 
 def test_a_few_steps_train_within_the_region(tokenizer, tmp_path):
@@ -164,7 +255,12 @@ def test_version_range_is_enforced():
         ("top_entropy_quantile", 0.2),
         ("entropy_coef", 0.01),
         ("off_policy_mask_threshold", 0.5),
-        ("vllm_importance_sampling_correction", True),
+        ("epsilon", 0.28),
+        ("epsilon_high", 0.28),
+        ("epsilon_high", 0.2),  # set at all: it is not TRL's default (None)
+        ("vllm_importance_sampling_mode", "per_token"),
+        ("vllm_importance_sampling_clip_max", 0.5),
+        ("vllm_importance_sampling_clip_min", 1.5),
         ("troll_eps", 0.0),
         ("troll_support", "dense"),
         ("troll_logits_chunk", -1),
@@ -173,6 +269,21 @@ def test_version_range_is_enforced():
 def test_incompatible_settings_raise(tmp_path, setting, value):
     with pytest.raises(ValueError, match=setting):
         TROLLConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, **{setting: value})
+
+
+def test_a_clip_setting_names_troll_eps(tmp_path):
+    """epsilon / epsilon_high would do nothing with TROLL: refused, naming the setting that plays their role."""
+    for setting in ("epsilon", "epsilon_high"):
+        with pytest.raises(ValueError, match=f"{setting} .*troll_eps; got 0.28"):
+            TROLLConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, **{setting: 0.28})
+
+
+def test_correction_defaults(tmp_path):
+    """On by default as in TRL's GRPO; truncated at the plain loop's cap; TRL's defaults for epsilon accepted."""
+    args = TROLLConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True)
+    assert args.vllm_importance_sampling_correction is True
+    assert (args.vllm_importance_sampling_mode, args.vllm_importance_sampling_clip_max) == ("truncate", 2.0)
+    assert args.vllm_importance_sampling_clip_min is None and (args.epsilon, args.epsilon_high) == (0.2, None)
 
 
 def test_needs_a_troll_config(tokenizer, tmp_path):
