@@ -4,9 +4,9 @@
     args = TROLLConfig(output_dir="out", troll_eps=0.05, num_generations=8, ...)   # every GRPOConfig field works
     TROLLGRPOTrainer(model=..., reward_funcs=..., args=args, train_dataset=...).train()
 
-Everything but two steps is TRL's own: generation (transformers, or vLLM server / colocate), rewards, advantages,
-batching over `steps_per_generation` and `num_iterations`, accelerate / DeepSpeed / FSDP, optimiser, logging and
-checkpoints. The two steps TROLL replaces:
+Everything but the steps below is TRL's own: generation (transformers, or vLLM server / colocate), rewards,
+advantages, batching over `steps_per_generation` and `num_iterations`, accelerate / DeepSpeed / FSDP, optimiser,
+logging and checkpoints. What TROLL adds or replaces:
 
   old policy   right after TRL generates and scores a batch, one no-grad forward of the training model over
                [prompt | completion] gives q at every completion position, sparsified once (troll.sparse.sparsify:
@@ -34,7 +34,8 @@ checkpoints. The two steps TROLL replaces:
                function troll.train uses; positions counted from each row's first real token; with
                `troll_logits_chunk` > 0 the chunked output layer, which never builds [b, T, V]), then
                `troll.losses.troll_loss(logits, completion_ids, mask, advantages, q, eps, alpha, k, delta, agg, level)`
-               with mask = completion_mask (x tool_mask) and TRL's settings mapped to troll's:
+               (with the sampler correction, behaviour_logp and its mode and bounds too) with mask = completion_mask
+               (x tool_mask) and TRL's settings mapped to troll's:
 
                    loss_type  troll agg                    scale (train; in eval GA = steps_per_generation = 1)
                    dapo       token-mean                   sum(m) / (num_items_in_batch / processes * GA / spg)
@@ -142,6 +143,8 @@ class TROLLConfig(GRPOConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        clip = "no ratio clip with TROLL: its trust region is the KL bound troll_eps"
+        cap, floor = self.vllm_importance_sampling_clip_max, self.vllm_importance_sampling_clip_min
         bad = {
             "beta": (self.beta != 0.0, "TROLL's trust region replaces the KL penalty to a reference model"),
             "loss_type": (self.loss_type not in AGG, f"TROLL maps only the loss types {sorted(AGG)}"),
@@ -149,26 +152,18 @@ class TROLLConfig(GRPOConfig):
             "entropy_coef": (self.entropy_coef != 0.0 or self.use_adaptive_entropy, "no entropy bonus with TROLL"),
             "off_policy_mask_threshold": (self.off_policy_mask_threshold is not None, "no off-policy mask"),
             "delta": (self.delta is not None, "no ratio cap: TROLL's ratio is bounded by its projection"),
-            "epsilon": (
-                self.epsilon != EPSILON,
-                "no ratio clip with TROLL: its trust region is the KL bound troll_eps",
-            ),
-            "epsilon_high": (
-                self.epsilon_high is not None,
-                "no ratio clip with TROLL: its trust region is the KL bound troll_eps",
-            ),
+            "epsilon": (self.epsilon != EPSILON, clip),
+            "epsilon_high": (self.epsilon_high is not None, clip),
             "vllm_importance_sampling_mode": (
                 self.vllm_importance_sampling_mode not in IS_MODES,
                 f"the sampler correction's modes are {IS_MODES}",
             ),
             "vllm_importance_sampling_clip_max": (
-                not (self.vllm_importance_sampling_clip_max is None or self.vllm_importance_sampling_clip_max >= 1),
+                cap is not None and not cap >= 1,
                 "the cap must be >= 1 (None: no cap), so that a token the sampler got right keeps weight 1",
             ),
             "vllm_importance_sampling_clip_min": (
-                not (
-                    self.vllm_importance_sampling_clip_min is None or 0 <= self.vllm_importance_sampling_clip_min <= 1
-                ),
+                floor is not None and not 0 <= floor <= 1,
                 "the floor must be in [0, 1] (None: no floor), so that a token the sampler got right keeps weight 1",
             ),
             "use_liger_kernel": (self.use_liger_kernel, "Liger's fused losses replace the logits TROLL needs"),
