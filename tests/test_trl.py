@@ -272,6 +272,36 @@ def test_vllm_colocate_first_batch(tmp_path):
     assert "weight_loader" in out["sync"], f"TRL's sync into vLLM CPU now gives {out['sync']!r}: update the docs"
 
 
+@pytest.mark.parametrize("mode", ["truncate", "sequence_truncate"])
+def test_corrected_loss_by_hand_at_the_old_policy(tokenizer, tmp_path, mode):
+    """Before any update p = q: every ratio is 1 and nothing is projected, so the trainer's dapo loss is
+    token-mean(-w A), with w written out here from a float64 log-softmax of the model (q) and TRL's batch field
+    (mu; the unscored token takes w = 1): min(q(y) / mu(y), 2) per token, or min(prod_t q / mu, 2) per response."""
+    trainer = make_trainer(tokenizer, tmp_path, vllm_importance_sampling_mode=mode)
+    inject_sampler(trainer)
+    model = trainer.model
+    model.train()
+    torch.manual_seed(1)
+    prompts = [r["question"] for r in addition.problems("train")[:2]]
+    batch = trainer._generate_and_score_completions([{"prompt": p} for p in prompts for _ in range(4)])
+    unpadded = [ids[m.bool()].tolist() for ids, m in zip(batch["prompt_ids"], batch["prompt_mask"], strict=True)]
+    comp, mask, adv = batch["completion_ids"], batch["completion_mask"].bool(), batch["advantages"].double()
+    with torch.no_grad():
+        logits = completion_logits(model, unpadded, comp, 0.7, model.config.vocab_size).double()
+        loss = trainer.compute_loss(model, batch)
+    lq = torch.log_softmax(logits, -1).gather(-1, comp[..., None])[..., 0]
+    mu = batch["sampling_per_token_logps"].double()
+    assert mu[mask].isnan().sum() == 1  # the token the sampler could not score
+    log_rho = torch.where(mask & ~mu.isnan(), lq - mu, 0.0)
+    if mode == "sequence_truncate":
+        log_rho = log_rho.sum(-1, keepdim=True).expand_as(log_rho)
+    w = log_rho.exp().clamp(max=2.0)
+    assert 0 < int((w[mask] == 2.0).sum()) < int(mask.sum())  # the cap binds, and not everywhere
+    want = -(w * adv[:, None])[mask].sum() / mask.sum()
+    assert float(loss) == pytest.approx(float(want), abs=1e-6)
+    assert abs(float(want) - float(-(adv[:, None].expand_as(w))[mask].mean())) > 1e-2  # w changed the loss
+
+
 def test_correction_off_keeps_the_plain_loss_and_logs_the_mismatch(tokenizer, tmp_path):
     """vllm_importance_sampling_correction=False with sampler log-probs: the loss is the uncorrected troll_loss
     (no is_* metrics), and the mismatch is logged all the same."""
