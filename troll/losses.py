@@ -62,7 +62,8 @@ mu(y_t))), is_cap), so w_i s_i = exp(mean_t log(pi(y_t) / mu(y_t))), the sequenc
 behaviour_logp=None (the default) leaves every loss as above, bit for bit.
 
 `is_mode` picks how the ratio rho = q(y) / mu(y) becomes w (docs/algorithm.md, 10f); is_floor <= 1 <= is_cap:
-    truncate           the above (default): min(rho_t, cap), per response (geometric mean) under level="sequence"
+    truncate           the above (default): min(rho_t, cap) (and >= floor), per response (geometric mean) under
+                       level="sequence"
     token_truncate     clamp(rho_t, floor, cap) per token, at every level              (TRL's modes of the same name)
     token_mask         rho_t if floor <= rho_t <= cap else 0, per token
     sequence_truncate  clamp(R_i, floor, cap) on every token of response i, R_i = prod_t rho_it (exact, not GSPO's mean)
