@@ -2,15 +2,20 @@
 
     python examples/trl_gsm8k.py --output_dir runs/trl-gsm8k                             # one GPU, HF generate
     accelerate launch --num_processes 8 examples/trl_gsm8k.py --output_dir runs/trl-gsm8k \\
-        --use_vllm --vllm_mode colocate --bf16                                            # 8 GPUs, vLLM in-process
+        --use_vllm --vllm_mode colocate --bf16 \\
+        --vllm_importance_sampling_mode truncate --vllm_importance_sampling_clip_max 2    # 8 GPUs, vLLM in-process
     accelerate launch --config_file deepspeed_zero3.yaml examples/trl_gsm8k.py ...       # DeepSpeed / FSDP: TRL's
     python examples/trl_gsm8k.py --tiny --data $TROLL_GSM8K_DIR --max_steps 2 --use_cpu   # CPU, tiny local model
 
 Every TROLLConfig field is a flag (TRL's `TrlParser`): GRPOConfig's (`--num_generations`, `--learning_rate`,
 `--per_device_train_batch_size`, `--max_completion_length`, `--steps_per_generation`, `--use_vllm`, ...) and
 TROLL's (`--troll_eps 0.05 --troll_alpha 1 --troll_k 64 --troll_delta 1e-5`), plus this script's own below.
-`--config run.yaml` reads them from a file. Defaults follow the gsm8k-qwen2.5-0.5b preset of troll.config where
-TRL has the same knob: lr 1e-6 constant, grad-clip 1, 8 samples per prompt, temperature 1, no KL to a reference.
+`--config run.yaml` reads them from a file. With `--use_vllm` the sampler's log-probs correct the loss (the
+decoupled weight min(q(y) / mu(y), 2) per token, on by default as in TRL's GRPO; `--vllm_importance_sampling_mode`
+also takes TRL's token_* / sequence_* modes, `--vllm_importance_sampling_correction false` turns it off;
+troll/integrations/trl.py) and troll/mismatch_* log how far vLLM is from the trainer.
+Defaults follow the gsm8k-qwen2.5-0.5b preset of troll.config where TRL has the same knob: lr 1e-6 constant,
+grad-clip 1, 8 samples per prompt, temperature 1, no KL to a reference.
 
 Data: GSM8K from the hub (`openai/gsm8k`, config main) or a local folder with {train,test}.jsonl (`--data`);
 prompts through the model's chat template (conversational rows, TRL applies the template) unless `--chat false`.

@@ -11,6 +11,11 @@ def test_max_min_and_weighted_mean():
     assert merge(parts) == pytest.approx({"kl_max": 0.3, "ratio_min": 0.9, "policy": 2.5})
 
 
+def test_a_largest_magnitude_merges_as_a_max():
+    parts = [(1.0, {"mismatch_logratio_absmax": 0.5}), (3.0, {"mismatch_logratio_absmax": 0.1})]
+    assert merge(parts) == {"mismatch_logratio_absmax": 0.5}
+
+
 def test_a_key_counts_only_where_it_was_logged_and_zero_weights_give_the_mean():
     parts = [(0.5, {"entropy": 1.0}), (1.0, {"grad_norm": 2.0}), (1.0, {"grad_norm": 4.0}), (0.0, {"x": 1.0})]
     parts.append((0.0, {"x": 3.0}))

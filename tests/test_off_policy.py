@@ -1,4 +1,5 @@
-"""Off-policy data in the losses: the decoupled objective's weight w = sg(min(q(y) / mu(y), is_cap)).
+"""Off-policy data in the losses: the decoupled objective's weight w = sg(min(q(y) / mu(y), is_cap)), and its other
+modes (is_mode: TRL's token / sequence, truncate / mask).
 
 Expected numbers are derived by hand from docs/algorithm.md (section 10) or computed in float64 from dense
 log-softmaxes written out here, never read back from troll.losses."""
@@ -91,6 +92,56 @@ def test_troll_active_projection_weighted():
     _, g_policy, _ = value_and_grad(troll_loss, args, eps=eps, delta=0.0, alpha=0.0)
     _, g_full, _ = value_and_grad(troll_loss, args, eps=eps, delta=0.0)
     torch.testing.assert_close(g, w * g_policy + (g_full - g_policy), atol=1e-12, rtol=0)
+
+
+# --- the weight's modes by hand (docs/algorithm.md, 10f) ------------------------------------------------------
+
+# Three responses of two tokens over V = 2, y = 0 everywhere, p = q = (0.5, 0.5): every ratio is 1, nothing is
+# projected or clipped, so the loss is token-mean(-w A) and its gradient at each token -w A (onehot(y) - p) / 5.
+# rho = q(y) / mu(y) per token (response 2 has one real token); with floor 0.6 and cap 2:
+RHO = [[2.5, 1.0], [1.25, 0.4], [1.2, 1.0]]
+ADV = [1.0, -2.0, 0.5]
+HAND = [  # (mode, level, w per token, share of real tokens outside [0.6, 2])
+    ("truncate", "token", [[2.0, 1.0], [1.25, 0.6], [1.2, 0.0]], 0.4),  # clamp(rho, 0.6, 2)
+    ("token_truncate", "sequence", [[2.0, 1.0], [1.25, 0.6], [1.2, 0.0]], 0.4),  # per token at every level
+    ("token_mask", "token", [[0.0, 1.0], [1.25, 0.0], [1.2, 0.0]], 0.4),  # rho, or 0 outside
+    # R = prod_t rho = (2.5, 0.5, 1.2): clamped to (2, 0.6, 1.2), or masked to (0, 0, 1.2)
+    ("sequence_truncate", "token", [[2.0, 2.0], [0.6, 0.6], [1.2, 0.0]], 0.8),
+    ("sequence_mask", "token", [[0.0, 0.0], [0.0, 0.0], [1.2, 0.0]], 0.8),
+    # GSPO: the geometric mean per response, sqrt(2.5) and sqrt(0.5), inside the bounds
+    ("truncate", "sequence", [[2.5**0.5] * 2, [0.5**0.5] * 2, [1.2, 0.0]], 0.0),
+]
+
+
+@pytest.mark.parametrize("fn", [troll_loss, ppo_clip])
+@pytest.mark.parametrize(("mode", "level", "w", "frac"), HAND)
+def test_weight_modes_by_hand(fn, mode, level, w, frac):
+    logits = torch.full((3, 2, 2), math.log(0.5), dtype=torch.float64, requires_grad=True)
+    tokens = torch.zeros(3, 2, dtype=torch.long)
+    mask = torch.tensor([[True, True], [True, True], [True, False]])
+    old = sparsify(torch.full((6, 2), math.log(0.5), dtype=torch.float64), tokens.view(-1), k=2, delta=0.0)
+    lmu = (0.5 / torch.tensor(RHO, dtype=torch.float64)).log()  # mu(y) = q(y) / rho
+    adv = torch.tensor(ADV, dtype=torch.float64)
+    kw = {"level": level, "behaviour_logp": lmu, "is_mode": mode, "is_cap": 2.0, "is_floor": 0.6}
+    loss, g, m = value_and_grad(fn, (logits, tokens, mask, adv, old), **kw)
+    w = torch.tensor(w, dtype=torch.float64)
+    assert loss == pytest.approx(float(-(w * adv[:, None]).sum() / 5), abs=1e-12)
+    grad = -(w * adv[:, None])[..., None] * torch.tensor([0.5, -0.5], dtype=torch.float64) / 5
+    torch.testing.assert_close(g, grad.view(-1), atol=1e-12, rtol=0)
+    assert m["is_frac_truncated"] == pytest.approx(frac, abs=1e-12)
+    assert m["is_weight_max"] == pytest.approx(float(w[mask].max()), abs=1e-12)
+    assert m["is_weight_mean"] == pytest.approx(float(w[mask].mean()), abs=1e-12)
+
+
+def test_bad_weight_modes_are_refused():
+    logits, tokens, mask, adv, old, _, lmu = batch()
+    with pytest.raises(ValueError, match="unknown is_mode"):
+        troll_loss(logits, tokens, mask, adv, old, behaviour_logp=lmu, is_mode="per_token")
+    for floor in (-0.1, 1.5, math.nan, True):
+        with pytest.raises(ValueError, match="is_floor"):
+            troll_loss(logits, tokens, mask, adv, old, behaviour_logp=lmu, is_floor=floor)
+    with pytest.raises(ValueError, match="needs behaviour_logp"):
+        troll_loss(logits, tokens, mask, adv, old, is_mode="token_mask")
 
 
 # --- batches against a float64 dense reference ----------------------------------------------------------

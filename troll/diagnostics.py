@@ -1,6 +1,7 @@
 """Measurements of a run, outside the algorithm: the sampler's mismatch, memory, and (opt-in) the exact update KL.
 
     mismatch(ro, old)                     # every step: sampler mu vs the network before the update, at y
+    mismatch_at(old_logp, mu_logp, mask)  # the same from the two log-probs [B, T] (troll.integrations.trl)
     peak_memory_mb(device)
 
     probe = UpdateKL(cfg, vocab_size)     # troll.train builds it when vocab_size <= cfg.kl_update_vocab
@@ -69,10 +70,19 @@ class UpdateKL:
 
 def mismatch(ro: Rollouts, old: SparseDist) -> dict[str, float]:
     """How far the sampler (mu: stale weights, lower precision) is from the network before the update (pi_old) at
-    the sampled tokens: log r = log pi_old(y) - log mu(y), its mean and largest |log r|, and the estimate
-    E_mu[r - 1 - log r] >= 0 of KL(mu || pi_old)."""
-    log_r = (old.logp_at(ro.completion_ids.reshape(-1)).view(ro.logprobs.shape) - ro.logprobs)[ro.completion_mask]
-    log_r = log_r.double()
+    the sampled tokens of `ro` (mismatch_at)."""
+    return mismatch_at(
+        old.logp_at(ro.completion_ids.reshape(-1)).view(ro.logprobs.shape), ro.logprobs, ro.completion_mask
+    )
+
+
+def mismatch_at(old_logp: Tensor, behaviour_logp: Tensor, mask: Tensor) -> dict[str, float]:
+    """log r = log pi_old(y) - log mu(y) from the two log-probs of the sampled tokens [B, T] on the real ones (mask
+    [B, T] bool; padding is never read): its mean and largest |log r|, and the estimate E_mu[r - 1 - log r] >= 0 of
+    KL(mu || pi_old). No real token gives zeros."""
+    log_r = (old_logp.double() - behaviour_logp.double())[mask]
+    if log_r.numel() == 0:
+        return {"mismatch_logratio_mean": 0.0, "mismatch_logratio_absmax": 0.0, "mismatch_kl": 0.0}
     return {
         "mismatch_logratio_mean": float(log_r.mean()),
         "mismatch_logratio_absmax": float(log_r.abs().max()),

@@ -61,15 +61,24 @@ With level="sequence" the weight is per response and matches GSPO's ratio: w_i =
 mu(y_t))), is_cap), so w_i s_i = exp(mean_t log(pi(y_t) / mu(y_t))), the sequence ratio against the sampler.
 behaviour_logp=None (the default) leaves every loss as above, bit for bit.
 
+`is_mode` picks how the ratio rho = q(y) / mu(y) becomes w (docs/algorithm.md, 10f); is_floor <= 1 <= is_cap:
+    truncate           the above (default): min(rho_t, cap) (and >= floor), per response (geometric mean) under
+                       level="sequence"
+    token_truncate     clamp(rho_t, floor, cap) per token, at every level              (TRL's modes of the same name)
+    token_mask         rho_t if floor <= rho_t <= cap else 0, per token
+    sequence_truncate  clamp(R_i, floor, cap) on every token of response i, R_i = prod_t rho_it (exact, not GSPO's mean)
+    sequence_mask      R_i if floor <= R_i <= cap else 0
+
 Metrics (python floats; KL is of the current policy p to q over the support's atoms):
     policy, regression, kl_before_mean/max, kl_after_mean/max (after projection; = kl_before for baselines),
     frac_active (tokens projected / clipped / masked), ratio_mean/min/max (the ratio in the policy term),
     entropy (of p, exact, from its full logits), and for troll the solver stats of Projection.stats(); with
     behaviour_logp, is_weight_mean / is_weight_max (of w, over the real tokens) and is_frac_truncated (the share of
-    real tokens whose weight was capped).
+    real tokens whose ratio was outside [is_floor, is_cap]: capped, raised to the floor or masked).
 
 Inputs are checked: shapes, a bool mask, finite advantages, a known level / aggregation / support, finite
-alpha >= 0, behaviour_logp [B, T] and finite on real tokens, is_cap >= 1; each error names the argument.
+alpha >= 0, behaviour_logp [B, T] and finite on real tokens, a known is_mode, 0 <= is_floor <= 1 <= is_cap; each
+error names the argument.
 """
 
 from __future__ import annotations
@@ -85,6 +94,7 @@ from troll.sparse import SparseDist, Support, atom_kl, build_support, support_kl
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 LEVELS = ("token", "sequence")
+IS_MODES = ("truncate", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 DPPO_THRESHOLDS = {"binary_tv": 0.15, "binary_kl": 0.05, "topk_tv": 0.15, "topk_kl": 0.05}
 DPPO_RATIO_CAP = 2.0  # DPPO truncates the importance ratio at c = 2
 LossOut = tuple[Tensor, dict[str, float]]
@@ -128,6 +138,8 @@ def _support(
     level: str = "token",
     behaviour_logp: Tensor | None = None,
     is_cap: float = math.inf,
+    is_mode: str = "truncate",
+    is_floor: float = 0.0,
 ) -> Support:
     """Check the common inputs and put p and q on shared atoms over the B*T rows (sparse.build_support)."""
     b, t = tokens.shape if tokens.dim() == 2 else (-1, -1)
@@ -144,7 +156,7 @@ def _support(
         raise ValueError(f"unknown aggregation agg={agg!r}; choose from {AGGREGATIONS}")
     if level not in LEVELS:
         raise ValueError(f"unknown level={level!r}; choose from {LEVELS}")
-    _check_behaviour(behaviour_logp, is_cap, tokens, mask)
+    _check_behaviour(behaviour_logp, is_cap, tokens, mask, is_mode, is_floor)
     return build_support(logits.reshape(b * t, logits.shape[-1]), tokens.reshape(-1), old, support, k, delta)
 
 
@@ -174,13 +186,27 @@ def _sequence_ratio(log_r: Tensor, mask: Tensor) -> Tensor:
     return torch.exp(seq.detach() + log_r - log_r.detach())
 
 
-def _check_behaviour(behaviour_logp: Tensor | None, is_cap: float, tokens: Tensor, mask: Tensor) -> None:
-    """Refuse an unusable behaviour log-prob [B, T] or IS cap, naming the argument."""
+def _check_behaviour(
+    behaviour_logp: Tensor | None,
+    is_cap: float,
+    tokens: Tensor,
+    mask: Tensor,
+    is_mode: str = "truncate",
+    is_floor: float = 0.0,
+) -> None:
+    """Refuse an unusable behaviour log-prob [B, T], IS mode or bound, naming the argument."""
     if isinstance(is_cap, bool) or not isinstance(is_cap, (int, float)) or not is_cap >= 1:  # NaN fails >= 1
         raise ValueError(f"is_cap must be a number >= 1 (math.inf: no truncation), got {is_cap!r}")
+    if isinstance(is_floor, bool) or not isinstance(is_floor, (int, float)) or not 0 <= is_floor <= 1:
+        raise ValueError(f"is_floor must be a number in [0, 1] (0: no floor), got {is_floor!r}")
+    if is_mode not in IS_MODES:
+        raise ValueError(f"unknown is_mode={is_mode!r}; choose from {IS_MODES}")
     if behaviour_logp is None:
-        if is_cap != math.inf:
-            raise ValueError(f"is_cap={is_cap!r} truncates the IS weight, which needs behaviour_logp (got None)")
+        if is_cap != math.inf or is_floor != 0 or is_mode != "truncate":
+            raise ValueError(
+                f"is_cap={is_cap!r}, is_floor={is_floor!r}, is_mode={is_mode!r} shape the IS weight, which needs "
+                "behaviour_logp (got None)"
+            )
         return
     if not isinstance(behaviour_logp, Tensor) or not behaviour_logp.is_floating_point():
         got = behaviour_logp.dtype if isinstance(behaviour_logp, Tensor) else type(behaviour_logp).__name__
@@ -194,25 +220,38 @@ def _check_behaviour(behaviour_logp: Tensor | None, is_cap: float, tokens: Tenso
 
 
 def _is_weight(
-    s: Support, behaviour_logp: Tensor | None, is_cap: float, mask: Tensor, level: str = "token"
+    s: Support,
+    behaviour_logp: Tensor | None,
+    is_cap: float,
+    mask: Tensor,
+    level: str = "token",
+    is_mode: str = "truncate",
+    is_floor: float = 0.0,
 ) -> tuple[Tensor | None, dict[str, float]]:
-    """The decoupled objective's weight w = sg(min(q(y) / mu(y), is_cap)) [B, T] (per response, as GSPO's ratio, for
-    level="sequence"; module docstring) and its metrics; (None, {}) without behaviour_logp."""
+    """The decoupled objective's weight w [B, T] from rho = q(y) / mu(y) (module docstring: is_mode; the default is
+    sg(min(rho, is_cap)), per response as GSPO's ratio for level="sequence") and its metrics; (None, {}) without
+    behaviour_logp."""
     if behaviour_logp is None:
         return None, {}
     with torch.no_grad():
         lq_y = s.lq_y.view(mask.shape)
         log_w = torch.where(mask, lq_y - behaviour_logp.to(lq_y.dtype), 0.0)  # padding may hold anything
-        if level == "sequence":
+        per_response = is_mode.startswith("sequence") or (is_mode == "truncate" and level == "sequence")
+        if per_response:  # GSPO's geometric mean (truncate), or the exact product over the response (sequence_*)
             m = mask.to(log_w.dtype)
-            log_w = ((log_w * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp_min(1)).expand_as(log_w)
+            total = (log_w * m).sum(-1, keepdim=True)
+            log_w = (total / m.sum(-1, keepdim=True).clamp_min(1) if is_mode == "truncate" else total).expand_as(log_w)
         raw = log_w.exp()
-        w = raw.clamp_max(is_cap)  # a capped token's weight is the cap exactly
+        outside = (raw > is_cap) | (raw < is_floor)
+        if is_mode.endswith("mask"):
+            w = raw.masked_fill(outside, 0.0)
+        else:  # a capped token's weight is the cap exactly (and a floored one's the floor)
+            w = raw.clamp(min=is_floor, max=is_cap)
         real = w[mask].double()
         metrics = {
             "is_weight_mean": float(real.mean()) if real.numel() else 1.0,
             "is_weight_max": float(real.max()) if real.numel() else 1.0,
-            "is_frac_truncated": float(aggregate((raw > is_cap).to(w.dtype), mask)),
+            "is_frac_truncated": float(aggregate(outside.to(w.dtype), mask)),
         }
     return w, metrics
 
@@ -240,13 +279,17 @@ def troll_loss(
     detach_dual: bool = False,
     behaviour_logp: Tensor | None = None,
     is_cap: float = math.inf,
+    is_mode: str = "truncate",
+    is_floor: float = 0.0,
 ) -> LossOut:
     """TROLL: importance ratio of the projected policy, plus the regression of p onto sg(pi*); with behaviour_logp
     the ratio term is weighted by w = sg(min(q(y) / mu(y), is_cap)) (module docstring)."""
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not (math.isfinite(alpha) and alpha >= 0):
         raise ValueError(f"alpha must be a finite number >= 0, got {alpha!r}")
-    s = _support(logits, tokens, mask, adv, old, support, k, delta, agg, level, behaviour_logp, is_cap)
-    w, is_metrics = _is_weight(s, behaviour_logp, is_cap, mask, level)
+    s = _support(
+        logits, tokens, mask, adv, old, support, k, delta, agg, level, behaviour_logp, is_cap, is_mode, is_floor
+    )
+    w, is_metrics = _is_weight(s, behaviour_logp, is_cap, mask, level, is_mode, is_floor)
     proj = project_sparse(s, eps, detach_dual=detach_dual)
     log_r = (proj.log_pi_y - s.lq.gather(-1, s.y[:, None])[:, 0]).view(mask.shape)
     ratio = _sequence_ratio(log_r, mask) if level == "sequence" else log_r.exp()
@@ -277,11 +320,15 @@ def ppo_clip(
     level: str = "token",
     behaviour_logp: Tensor | None = None,
     is_cap: float = math.inf,
+    is_mode: str = "truncate",
+    is_floor: float = 0.0,
 ) -> LossOut:
     """PPO's clipped surrogate; eps_high = 0.28 gives Clip-Higher. With behaviour_logp: w times it (module
     docstring)."""
-    s = _support(logits, tokens, mask, adv, old, support, k, delta, agg, level, behaviour_logp, is_cap)
-    w, is_metrics = _is_weight(s, behaviour_logp, is_cap, mask, level)
+    s = _support(
+        logits, tokens, mask, adv, old, support, k, delta, agg, level, behaviour_logp, is_cap, is_mode, is_floor
+    )
+    w, is_metrics = _is_weight(s, behaviour_logp, is_cap, mask, level, is_mode, is_floor)
     log_r = (s.lp_y - s.lq_y).view(mask.shape)
     ratio = _sequence_ratio(log_r, mask) if level == "sequence" else log_r.exp()
     a = adv[:, None]
@@ -330,6 +377,8 @@ def dppo(
     norm_len: int | None = None,
     behaviour_logp: Tensor | None = None,
     is_cap: float = math.inf,
+    is_mode: str = "truncate",
+    is_floor: float = 0.0,
 ) -> LossOut:
     """DPPO: truncated-IS policy gradient with a one-sided divergence mask (old = the behaviour policy, or the
     recomputed one with behaviour_logp's weight w, module docstring).
@@ -337,8 +386,10 @@ def dppo(
     The mask's threshold is DPPO_THRESHOLDS[divergence] and the ratio is truncated at DPPO_RATIO_CAP = 2."""
     if divergence not in DPPO_THRESHOLDS:
         raise ValueError(f"unknown DPPO divergence {divergence!r}; choose from {sorted(DPPO_THRESHOLDS)}")
-    s = _support(logits, tokens, mask, adv, old, support, k, delta, agg, "token", behaviour_logp, is_cap)
-    w, is_metrics = _is_weight(s, behaviour_logp, is_cap, mask)
+    s = _support(
+        logits, tokens, mask, adv, old, support, k, delta, agg, "token", behaviour_logp, is_cap, is_mode, is_floor
+    )
+    w, is_metrics = _is_weight(s, behaviour_logp, is_cap, mask, "token", is_mode, is_floor)
     thr = DPPO_THRESHOLDS[divergence]
     d = dppo_divergence(divergence, s).view(mask.shape)
     logp_y = s.lp_y.view(mask.shape)
@@ -369,11 +420,15 @@ def cispo(
     norm_len: int | None = None,
     behaviour_logp: Tensor | None = None,
     is_cap: float = math.inf,
+    is_mode: str = "truncate",
+    is_floor: float = 0.0,
 ) -> LossOut:
     """CISPO: clamped stop-gradient ratio times log p(y); no trust region at all. With behaviour_logp: weighted by
     w (module docstring)."""
-    s = _support(logits, tokens, mask, adv, old, support, k, delta, agg, "token", behaviour_logp, is_cap)
-    w, is_metrics = _is_weight(s, behaviour_logp, is_cap, mask)
+    s = _support(
+        logits, tokens, mask, adv, old, support, k, delta, agg, "token", behaviour_logp, is_cap, is_mode, is_floor
+    )
+    w, is_metrics = _is_weight(s, behaviour_logp, is_cap, mask, "token", is_mode, is_floor)
     logp_y = s.lp_y.view(mask.shape)
     ratio = (logp_y - s.lq_y.view(mask.shape)).exp()
     capped = ratio.detach().clamp_max(1 + eps_high)

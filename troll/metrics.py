@@ -1,6 +1,6 @@
 """How the metrics of parts (micro-batches, processes) combine into one row, the rule stated once:
 
-    key ending in "_max"   the max over the parts
+    key ending in "_max"   the max over the parts (and "_absmax", a largest magnitude)
     key ending in "_min"   the min over the parts
     any other key          the mean weighted by each part's weight (equal weights: the plain mean)
 
@@ -24,7 +24,7 @@ def merge(parts: Sequence[tuple[float, Mapping[str, float]]]) -> dict[str, float
     out: dict[str, float] = {}
     for key in sorted({k for _, m in parts for k in m}):
         vals = [(w, m[key]) for w, m in parts if key in m]
-        if key.endswith("_max"):
+        if key.endswith(("_max", "_absmax")):
             out[key] = max(v for _, v in vals)
         elif key.endswith("_min"):
             out[key] = min(v for _, v in vals)

@@ -4,21 +4,38 @@
     args = TROLLConfig(output_dir="out", troll_eps=0.05, num_generations=8, ...)   # every GRPOConfig field works
     TROLLGRPOTrainer(model=..., reward_funcs=..., args=args, train_dataset=...).train()
 
-Everything but two steps is TRL's own: generation (transformers, or vLLM server / colocate), rewards, advantages,
-batching over `steps_per_generation` and `num_iterations`, accelerate / DeepSpeed / FSDP, optimiser, logging and
-checkpoints. The two steps TROLL replaces:
+Everything but the steps below is TRL's own: generation (transformers, or vLLM server / colocate), rewards,
+advantages, batching over `steps_per_generation` and `num_iterations`, accelerate / DeepSpeed / FSDP, optimiser,
+logging and checkpoints. What TROLL adds or replaces:
 
   old policy   right after TRL generates and scores a batch, one no-grad forward of the training model over
                [prompt | completion] gives q at every completion position, sparsified once (troll.sparse.sparsify:
                top-mass support of at most K, kept mass >= 1 - delta, plus the sampled token) and stored with the
                batch as tensors "troll_old_<field>" [B, T, K+1] and [B, T]. It is the policy before any update on
-               this batch: the paper's choice, = troll.train's old_policy="recompute". (TRL asks its vLLM engine for
-               the sampled token's log-prob only, so the engine's top-K cannot serve as q here.)
+               this batch: the paper's choice, = troll.train's old_policy="recompute".
+  sampler      when the completions come with the sampler's log-probs (vLLM, server or colocate, or a rollout_func:
+               TRL's batch field "sampling_per_token_logps", log mu(y) [B, T]), the decoupled objective of the plain
+               loop (docs/algorithm.md, 10b): troll_loss(..., behaviour_logp=log mu(y)) weighs each token's policy
+               term by w = sg(min(q(y) / mu(y), C)), the trust region staying around q. On by default, as in TRL's
+               GRPO (vllm_importance_sampling_correction=True): the sampler always differs from the trainer there
+               (its own kernels and precision), and an uncorrected estimator is biased by the mismatch (10a).
+               vllm_importance_sampling_mode "truncate" (default, = troll.train's --is_correction tis; per response
+               under GSPO) or TRL's token_truncate / token_mask / sequence_truncate / sequence_mask, each as TRL
+               defines it (10f); C = vllm_importance_sampling_clip_max (default 2.0, the plain loop's --is_cap; TRL's
+               GRPO: 3.0), floor = vllm_importance_sampling_clip_min; vllm_importance_sampling_correction=False: none.
+               TRL's own correction code is switched off (TROLL's loss applies it). Logged every generation batch,
+               with or without the correction: troll/mismatch_logratio_mean, troll/mismatch_logratio_absmax,
+               troll/mismatch_kl (troll.diagnostics.mismatch_at, log q(y) - log mu(y) over the real tokens).
+               No behaviour anchor (the plain loop's --old_policy behaviour, q = the sampler's top-K): TRL 1.16
+               builds its vLLM engine with logprobs=0 and keeps one log-prob per position (`lp[0]` of what vLLM
+               returns, dropping the token ids), so the sampler's top-K never reaches the batch; raising vLLM's
+               logprobs would make that `lp[0]` the top-1 token's log-prob instead of the sampled one's.
   loss         `compute_loss`: logits [b, T, V] / temperature of the current model (`policy.packed_logits`, the
                function troll.train uses; positions counted from each row's first real token; with
                `troll_logits_chunk` > 0 the chunked output layer, which never builds [b, T, V]), then
                `troll.losses.troll_loss(logits, completion_ids, mask, advantages, q, eps, alpha, k, delta, agg, level)`
-               with mask = completion_mask (x tool_mask) and TRL's settings mapped to troll's:
+               (with the sampler correction, behaviour_logp and its mode and bounds too) with mask = completion_mask
+               (x tool_mask) and TRL's settings mapped to troll's:
 
                    loss_type  troll agg                    scale (train; in eval GA = steps_per_generation = 1)
                    dapo       token-mean                   sum(m) / (num_items_in_batch / processes * GA / spg)
@@ -30,12 +47,13 @@ checkpoints. The two steps TROLL replaces:
                so each TRL normalisation is reproduced exactly (dapo: the sum over the generation batch divided by
                its token count, as in TRL). With one process and GA = spg = 1 the loss is troll_loss itself.
   metrics      every troll_loss metric as "troll/<key>" through TRL's logger, merged over processes by
-               troll.metrics.merge ("_max" keys the max, "_min" keys the min, the rest the mean).
+               troll.metrics.merge ("_max" keys the max, "_min" keys the min, the rest the mean; the mismatch
+               metrics weighted by each process's real tokens, so the mean is over the whole generation batch).
 
 Not combined with TROLL (a clear ValueError from TROLLConfig): beta != 0 (the trust region replaces the reference
-KL), the clip-family options (epsilon's clip does not apply; the entropy mask / bonus, off-policy mask, delta cap),
-loss types other than the four above, TRL's vLLM importance-sampling correction (off by default here; q is the
-trainer's own recomputation), Liger kernels. Multimodal batches and MoE aux losses raise at the first step.
+KL), the clip-family options (epsilon or epsilon_high away from TRL's defaults: troll_eps plays the clip's role;
+the entropy mask / bonus, off-policy mask, delta cap), loss types other than the four above, Liger kernels.
+Multimodal batches and MoE aux losses raise at the first step.
 
 Memory: the loss needs the full [b, T, V] logits of a micro-batch (TRL's own loss streams the LM head); size
 `per_device_train_batch_size` and `max_completion_length` for it, as with troll.train's micro_batch_tokens.
@@ -43,11 +61,14 @@ The stored q costs about (8 + 4 + 1) * (K + 1) bytes per completion token on the
 
 Supported TRL versions: TRL_VERSIONS (this module overrides `GRPOTrainer._generate_and_score_completions` and
 `compute_loss`, whose contracts change between minor releases); others fail at import with the install command.
+With the vLLM CPU build (0.32) TRL's colocate engine starts and samples, but TRL's weight sync into it fails
+(docs/results.md, TRL with vLLM on CPU); tests/test_trl.py checks the vLLM path on its first batch.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,14 +77,17 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 from torch import Tensor
 
-from troll.losses import troll_loss
+from troll.diagnostics import mismatch_at
+from troll.losses import IS_MODES, troll_loss
 from troll.metrics import merge
 from troll.policy import packed_logits
 from troll.sparse import SUPPORTS, TENSOR_FIELDS, SparseDist, cat_rows, sparsify
 
 TRL_VERSIONS = ">=1.16,<1.17"
+EPSILON = 0.2  # GRPOConfig's default epsilon (its epsilon_high defaults to None)
 AGG = {"dapo": "token-mean", "bnpo": "token-mean", "grpo": "seq-mean-token-mean", "dr_grpo": "seq-mean-token-sum-norm"}
 OLD = "troll_old_"
+BEHAVIOUR = "troll_behaviour_logp"  # log mu(y) [B, T], stored with the batch when the correction is on
 
 
 def check_trl_version(version: str | None) -> None:
@@ -104,12 +128,23 @@ class TROLLConfig(GRPOConfig):
         metadata={"help": "TROLL's sparse model: rest (old support + one exact rest atom) or paper (1e-12 tail)."},
     )
     troll_detach_dual: bool = field(default=False, metadata={"help": "TROLL: no gradient through the dual."})
-    vllm_importance_sampling_correction: bool = field(
-        default=False, metadata={"help": "Must stay False with TROLL: q is the trainer's own recomputation."}
+    vllm_importance_sampling_mode: str = field(
+        default="truncate",
+        metadata={
+            "help": "TROLL: how the sampler correction weighs each token, rho = q(y) / mu(y): truncate (min(rho, "
+            "clip_max) per token, per response under GSPO: the plain loop's --is_correction tis), or TRL's "
+            "token_truncate, token_mask, sequence_truncate, sequence_mask (docs/algorithm.md, 10f)."
+        },
+    )
+    vllm_importance_sampling_clip_max: float | None = field(
+        default=2.0,
+        metadata={"help": "TROLL: the correction's cap C_max >= 1 (the plain loop's --is_cap); None: no cap."},
     )
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        clip = "no ratio clip with TROLL: its trust region is the KL bound troll_eps"
+        cap, floor = self.vllm_importance_sampling_clip_max, self.vllm_importance_sampling_clip_min
         bad = {
             "beta": (self.beta != 0.0, "TROLL's trust region replaces the KL penalty to a reference model"),
             "loss_type": (self.loss_type not in AGG, f"TROLL maps only the loss types {sorted(AGG)}"),
@@ -117,9 +152,19 @@ class TROLLConfig(GRPOConfig):
             "entropy_coef": (self.entropy_coef != 0.0 or self.use_adaptive_entropy, "no entropy bonus with TROLL"),
             "off_policy_mask_threshold": (self.off_policy_mask_threshold is not None, "no off-policy mask"),
             "delta": (self.delta is not None, "no ratio cap: TROLL's ratio is bounded by its projection"),
-            "vllm_importance_sampling_correction": (
-                self.vllm_importance_sampling_correction,
-                "q is the trainer's recomputed policy, so the sampler's log-probs are not used",
+            "epsilon": (self.epsilon != EPSILON, clip),
+            "epsilon_high": (self.epsilon_high is not None, clip),
+            "vllm_importance_sampling_mode": (
+                self.vllm_importance_sampling_mode not in IS_MODES,
+                f"the sampler correction's modes are {IS_MODES}",
+            ),
+            "vllm_importance_sampling_clip_max": (
+                cap is not None and not cap >= 1,
+                "the cap must be >= 1 (None: no cap), so that a token the sampler got right keeps weight 1",
+            ),
+            "vllm_importance_sampling_clip_min": (
+                floor is not None and not 0 <= floor <= 1,
+                "the floor must be in [0, 1] (None: no floor), so that a token the sampler got right keeps weight 1",
             ),
             "use_liger_kernel": (self.use_liger_kernel, "Liger's fused losses replace the logits TROLL needs"),
         }
@@ -145,6 +190,10 @@ class TROLLGRPOTrainer(GRPOTrainer):
         if not isinstance(config, TROLLConfig):
             raise TypeError(f"TROLLGRPOTrainer needs args=TROLLConfig(...), got {type(config).__name__}")
         super().__init__(*args, **kwargs)
+        # TROLL applies the sampler correction in its own loss (module docstring); switched off in TRL's code, which
+        # would otherwise recompute log-probs TROLL's q already holds and weigh a loss TROLL does not use
+        self.troll_correction = config.vllm_importance_sampling_correction
+        self.vllm_importance_sampling_correction = False
 
     # ------------------------------------------------------------------------------------------ old policy
 
@@ -174,7 +223,21 @@ class TROLLGRPOTrainer(GRPOTrainer):
         for name in TENSOR_FIELDS:
             value = getattr(q, name)
             batch[OLD + name] = value.view(ids.shape[0], T, *value.shape[1:])
+        if "sampling_per_token_logps" in batch:  # the sampler's log-probs: vLLM's (or a rollout_func's)
+            self._behaviour(batch, q.logp_at(batch["completion_ids"].flatten()).view(ids.shape[0], T))
         return batch
+
+    def _behaviour(self, batch: dict[str, Any], old_logp: Tensor) -> None:
+        """Log the sampler's mismatch to q at the sampled tokens (troll.diagnostics.mismatch_at) and, with the
+        correction on, store log mu(y) [B, T] for the loss. A token the sampler could not score (NaN, which TRL
+        passes on from vLLM) takes log q(y): weight 1, no correction, and it is left out of the metrics, as in TRL."""
+        mu = batch["sampling_per_token_logps"].to(old_logp.dtype)
+        mask = _loss_mask(batch)
+        scored = ~torch.isnan(mu)
+        metrics = mismatch_at(old_logp, mu, mask & scored)
+        self._log_troll(metrics, "train" if self.model.training else "eval", weight=float((mask & scored).sum()))
+        if self.troll_correction:
+            batch[BEHAVIOUR] = torch.where(scored, mu, old_logp)
 
     # ------------------------------------------------------------------------------------------------ loss
 
@@ -187,9 +250,7 @@ class TROLLGRPOTrainer(GRPOTrainer):
         with self.accelerator.autocast():
             logits = packed_logits(model, ids, attn, T, self.temperature, None, self.args.troll_logits_chunk)
         tokens = inputs["completion_ids"]
-        mask = inputs["completion_mask"].bool()
-        if "tool_mask" in inputs:
-            mask = mask & inputs["tool_mask"].bool()
+        mask = _loss_mask(inputs)
         adv = inputs["advantages"]
         if adv.dim() != 1:
             raise ValueError(f"TROLL needs one advantage per completion [B], got shape {tuple(adv.shape)}")
@@ -208,10 +269,23 @@ class TROLLGRPOTrainer(GRPOTrainer):
             norm_len=self.max_completion_length,
             level=self.importance_sampling_level,
             detach_dual=self.args.troll_detach_dual,
+            **self._correction(inputs),
         )
         mode = "train" if self.model.training else "eval"
         self._log_troll(metrics, mode)
         return loss * self._loss_scale(mask, inputs, mode)
+
+    def _correction(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        """troll_loss's sampler-correction arguments: behaviour_logp and the weight's mode and bounds, or none."""
+        if BEHAVIOUR not in inputs:
+            return {}
+        cap, floor = self.args.vllm_importance_sampling_clip_max, self.args.vllm_importance_sampling_clip_min
+        return {
+            "behaviour_logp": inputs[BEHAVIOUR],
+            "is_mode": self.args.vllm_importance_sampling_mode,
+            "is_cap": math.inf if cap is None else cap,
+            "is_floor": 0.0 if floor is None else floor,
+        }
 
     def _loss_scale(self, mask: Tensor, inputs: dict[str, Any], mode: str) -> Tensor | float:
         """Turn troll_loss's per-micro-batch aggregate into TRL's normalisation for `loss_type` (module docstring)."""
@@ -225,13 +299,21 @@ class TROLLGRPOTrainer(GRPOTrainer):
             normalizer = normalizer * accumulation / self.args.steps_per_generation
         return mask.sum() / normalizer
 
-    def _log_troll(self, metrics: dict[str, float], mode: str) -> None:
+    def _log_troll(self, metrics: dict[str, float], mode: str, weight: float = 1.0) -> None:
+        """Log `metrics` as "troll/<key>", merged over processes (troll.metrics.merge, each process `weight`)."""
         keys = sorted(metrics)
-        local = torch.tensor([metrics[k] for k in keys], dtype=torch.float64, device=self.accelerator.device)
-        every = self.accelerator.gather(local[None]).view(-1, len(keys))
-        merged = merge([(1.0, dict(zip(keys, row, strict=True))) for row in every.tolist()])
+        local = [weight] + [metrics[k] for k in keys]
+        local = torch.tensor(local, dtype=torch.float64, device=self.accelerator.device)
+        every = self.accelerator.gather(local[None]).view(-1, len(keys) + 1)
+        merged = merge([(row[0], dict(zip(keys, row[1:], strict=True))) for row in every.tolist()])
         for key, value in merged.items():
             self._metrics[mode][f"troll/{key}"].append(value)
+
+
+def _loss_mask(batch: dict[str, Any]) -> Tensor:
+    """[B, T] bool: the completion tokens the loss reads (tool outputs left out)."""
+    mask = batch["completion_mask"].bool()
+    return mask & batch["tool_mask"].bool() if "tool_mask" in batch else mask
 
 
 def _packed(batch: dict[str, Any]) -> tuple[Tensor, Tensor, int]:
