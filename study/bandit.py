@@ -41,10 +41,11 @@ asked of the project's own losses on the project's own sparse old policy. Design
   initial probability (or a non-finite logit, which ends the run).
 - Variants (`VARIANTS`): TROLL with eps 0.01, 0.02, 0.05, 0.1, 0.2; PPO-clip with range 0.1, 0.2, 0.3 and
   Clip-Higher (0.2 / 0.28); DPPO (Binary-TV); CISPO (cap 1.2). The project's defaults: troll-0.05 and clip-0.2.
-- Cells (`CELLS`): `issue` (clean reward, 4 passes per batch, lr 0.1, V = 32,000: the issue's own trial) and
-  `noisy` (its noisy reward) with every variant; `passes1` (1 pass) and `lr-high` (lr 0.3) with each loss at its
-  default (`DEFAULTS`); `qwen` (the issue cell at Qwen's V = 151,936, almost five times the work per run) with
-  TROLL and PPO-clip at their defaults (`CELL_VARIANTS`). 20 RL steps per run, seeds 0-4: 170 runs.
+- Cells (`CELLS`; which variants run in each: `CELL_VARIANTS`, sized to the 2 shared cores): `issue` (clean
+  reward, 4 passes per batch, lr 0.1, V = 32,000: the issue's own trial) with every variant; `noisy` (its noisy
+  reward) with TROLL eps 0.01, 0.05, 0.2, every PPO-clip setting, DPPO and CISPO; `qwen` (the issue cell at Qwen's
+  V = 151,936, five times the work per run) with TROLL and PPO-clip at their defaults; `passes1` (1 pass) and
+  `lr-high` (lr 0.3) with TROLL, PPO-clip and CISPO at their defaults. 20 RL steps per run, seeds 0-4: 140 runs.
 - Results (`--results`, JSONL): one row per run, merged by name after every run; a run recorded with other
   settings is refused, not counted. Workers as in study/run.py (`--jobs N` spawned processes, cores / N threads).
 - Report: per cell and variant, means over seeds and paired differences to PPO-clip 0.2 (`BASELINE`) on the same
@@ -105,11 +106,14 @@ class Cell:
 CELLS = {
     "issue": Cell("clean", 4, 0.1, 32_000),
     "noisy": Cell("noisy", 4, 0.1, 32_000),
+    "qwen": Cell("clean", 4, 0.1, 151_936),
     "passes1": Cell("clean", 1, 0.1, 32_000),
     "lr-high": Cell("clean", 4, 0.3, 32_000),
-    "qwen": Cell("clean", 4, 0.1, 151_936),
 }
-CELL_VARIANTS = {"passes1": DEFAULTS, "lr-high": DEFAULTS, "qwen": ("troll-0.05", "clip-0.2")}  # the others: all
+NOISY_SWEEP = ("troll-0.01", "troll-0.05", "troll-0.2", "clip-0.1", "clip-0.2", "clip-0.3", "clip-higher")
+NOISY_SWEEP += ("dppo", "cispo")
+SMALL = ("troll-0.05", "clip-0.2", "cispo")
+CELL_VARIANTS = {"noisy": NOISY_SWEEP, "qwen": SMALL[:2], "passes1": SMALL, "lr-high": SMALL}  # issue: all
 
 
 @dataclass(frozen=True)
@@ -183,8 +187,9 @@ def expected_reward(logp, good, decoy, reward: str) -> float:
     return float((NOISY[0] * p[rows, good] + NOISY[1] * p[rows, decoy]).mean())
 
 
-def bandit(cell: Cell, variant: str, seed: int, steps: int = 20, samples: int = 64) -> dict:
-    """One run (module docstring); returns its measurements (the results row without its name and settings)."""
+def bandit(cell: Cell, variant: str, seed: int, steps: int = 20, samples: int = 64, trace: bool = False) -> dict:
+    """One run (module docstring); returns its measurements (the results row without its name and settings).
+    With `trace`, also "trace": per step the samples [C, G] and the log-probs [C, V] before and after the update."""
     import torch
 
     from troll.advantages import grpo
@@ -203,7 +208,7 @@ def bandit(cell: Cell, variant: str, seed: int, steps: int = 20, samples: int = 
     logp = table.detach().double().log_softmax(-1)
     p_good = [[float(x)] for x in logp.exp()[range(c), good]]
     reward_curve = [expected_reward(logp, good, decoy, cell.reward)]
-    kl_mean, kl_max, kl_ctx, active, finite = [], [], [], [], True
+    kl_mean, kl_max, kl_ctx, active, finite, steps_trace = [], [], [], [], True, []
     for step in range(steps):
         u_tok, u_rew = draws(seed, step, c, samples)
         tokens = sample(logp, u_tok)
@@ -227,6 +232,8 @@ def bandit(cell: Cell, variant: str, seed: int, steps: int = 20, samples: int = 
         if not bool(torch.isfinite(table).all()):
             finite = False
             break
+        if trace:
+            steps_trace.append({"tokens": tokens, "logp_old": logp, "logp_new": new})
         kl = dense_kl(new, logp)  # [C]: the exact KL of this step's update, over all V
         kl_mean.append(float(kl.mean()))
         kl_max.append(float(kl.max()))
@@ -260,7 +267,7 @@ def bandit(cell: Cell, variant: str, seed: int, steps: int = 20, samples: int = 
         "collapsed": collapsed,
         "finite": finite,
         "wall_s": round(time.time() - start, 2),
-    }
+    } | ({"trace": steps_trace} if trace else {})
 
 
 # ----------------------------------------------------------------------------- the grid
