@@ -47,7 +47,8 @@ asked of the project's own losses on the project's own sparse old policy. Design
   V = 151,936, five times the work per run) with TROLL and PPO-clip at their defaults; `passes1` (1 pass) and
   `lr-high` (lr 0.3) with TROLL, PPO-clip and CISPO at their defaults. 20 RL steps per run, seeds 0-4: 140 runs.
 - Results (`--results`, JSONL): one row per run, merged by name after every run; a run recorded with other
-  settings is refused, not counted. Workers as in study/run.py (`--jobs N` spawned processes, cores / N threads).
+  settings is refused, not counted. `--jobs N` (N > 1) runs N spawned worker processes with cores / N threads
+  each, as study/run.py; one job runs in this process.
 - Report: per cell and variant, means over seeds and paired differences to PPO-clip 0.2 (`BASELINE`) on the same
   seed with 95% t-intervals (study.offpolicy.t_interval) of the focus context's steps to the threshold (the good
   token at 0.005, the issue's rank 20) and of `auc`; then best against best: each loss at its own best setting in
@@ -531,20 +532,26 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         for run in todo:
             print(" ", run.name)
         return []
-    threads = max(1, (os.cpu_count() or 1) // args.jobs) if args.jobs > 1 else 0
-    context = get_context("spawn")
     finished = []
-    with ProcessPoolExecutor(args.jobs, mp_context=context, initializer=_init_worker, initargs=(threads,)) as pool:
-        futures = {pool.submit(execute, run, args): run for run in todo}
-        for i, future in enumerate(as_completed(futures), 1):
-            row = future.result()
-            merge_results(Path(args.results), row)
-            finished.append(row)
-            print(
-                f"[{i}/{len(todo)}] {row['name']}: steps to {THRESHOLD} {row['steps_to']}, auc {row['auc']:.3f}, "
-                f"{row['wall_s']:.1f} s",
-                flush=True,
-            )
+
+    def record(row: dict) -> None:
+        merge_results(Path(args.results), row)
+        finished.append(row)
+        print(
+            f"[{len(finished)}/{len(todo)}] {row['name']}: steps to {THRESHOLD} {row['steps_to']}, "
+            f"auc {row['auc']:.3f}, {row['wall_s']:.1f} s",
+            flush=True,
+        )
+
+    if args.jobs == 1:  # in this process: a run takes seconds, a fresh worker's imports would take longer
+        for run in todo:
+            record(execute(run, args))
+        return finished
+    threads = max(1, (os.cpu_count() or 1) // args.jobs)
+    with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn"), initializer=_init_worker,
+                             initargs=(threads,)) as pool:  # fmt: skip
+        for future in as_completed([pool.submit(execute, run, args) for run in todo]):
+            record(future.result())
     return finished
 
 
