@@ -44,8 +44,9 @@ asked of the project's own losses on the project's own sparse old policy. Design
 - Cells (`CELLS`; which variants run in each: `CELL_VARIANTS`, sized to the 2 shared cores): `issue` (clean
   reward, 4 passes per batch, lr 0.1, V = 32,000: the issue's own trial) with every variant; `noisy` (its noisy
   reward) with TROLL eps 0.01, 0.05, 0.2, every PPO-clip setting, DPPO and CISPO; `qwen` (the issue cell at Qwen's
-  V = 151,936, five times the work per run) with TROLL and PPO-clip at their defaults; `passes1` (1 pass) and
-  `lr-high` (lr 0.3) with TROLL, PPO-clip and CISPO at their defaults. 20 RL steps per run, seeds 0-4: 140 runs.
+  V = 151,936, five times the work per run) with TROLL and PPO-clip at their defaults; `passes1` (1 pass),
+  `lr-high` (lr 0.3) and `noisy-lr-high` (the noisy reward at lr 0.3) with TROLL, PPO-clip and CISPO at their
+  defaults. 20 RL steps per run, seeds 0-4: 155 runs.
 - Results (`--results`, JSONL): one row per run, merged by name after every run; a run recorded with other
   settings is refused, not counted. `--jobs N` (N > 1) runs N spawned worker processes with cores / N threads
   each, as study/run.py; one job runs in this process.
@@ -110,11 +111,12 @@ CELLS = {
     "qwen": Cell("clean", 4, 0.1, 151_936),
     "passes1": Cell("clean", 1, 0.1, 32_000),
     "lr-high": Cell("clean", 4, 0.3, 32_000),
+    "noisy-lr-high": Cell("noisy", 4, 0.3, 32_000),
 }
 NOISY_SWEEP = ("troll-0.01", "troll-0.05", "troll-0.2", "clip-0.1", "clip-0.2", "clip-0.3", "clip-higher")
 NOISY_SWEEP += ("dppo", "cispo")
 SMALL = ("troll-0.05", "clip-0.2", "cispo")
-CELL_VARIANTS = {"noisy": NOISY_SWEEP, "qwen": SMALL[:2], "passes1": SMALL, "lr-high": SMALL}  # issue: all
+CELL_VARIANTS = {"noisy": NOISY_SWEEP, "qwen": SMALL[:2], "passes1": SMALL, "lr-high": SMALL, "noisy-lr-high": SMALL}
 
 
 @dataclass(frozen=True)
