@@ -424,22 +424,27 @@ def plot_steps(rows: Sequence[dict], out: Path) -> Path:
     from matplotlib.figure import Figure
 
     cells = [c for c in CELLS if any(r["cell"] == c for r in rows)]
-    fig = Figure(figsize=(3.3 * len(cells), 3.4))
-    axes = fig.subplots(1, len(cells), squeeze=False)[0]
-    for ax, cell in zip(axes, cells, strict=True):
+    cols = min(3, len(cells))
+    rows_ = math.ceil(len(cells) / cols)
+    fig = Figure(figsize=(3.6 * cols, 3.2 * rows_))
+    axes = fig.subplots(rows_, cols, squeeze=False).reshape(-1)
+    for ax in axes[len(cells) :]:
+        ax.set_visible(False)
+    for ax, cell in zip(axes, cells, strict=False):
         mine = [r for r in rows if r["cell"] == cell]
-        for j, variant in enumerate(v for v in DEFAULTS if any(r["variant"] == v for r in mine)):
+        for variant in [v for v in DEFAULTS if any(r["variant"] == v for r in mine)]:
             runs = [r for r in mine if r["variant"] == variant]
             q0 = runs[0]["q0"]
             mean = [statistics.fmean(r["steps_to"][i] for r in runs) for i in range(len(q0))]
-            ax.plot(q0, mean, "o-", ms=4, color=f"C{j}", label=variant)
+            ax.plot(q0, mean, "o-", ms=4, color=f"C{DEFAULTS.index(variant)}", label=variant)
         steps = mine[0]["settings"]["steps"]
         ax.axhline(steps + 1, color="grey", ls=":", lw=1)
         s = mine[0]["settings"]
         ax.set(xscale="log", xlabel="good token's initial probability", title=f"{cell}: {s['reward']}, "
                f"{s['passes']} pass(es), lr {s['lr']:g}, V {s['vocab']:,}")  # fmt: skip
         ax.title.set_fontsize(8)
-    axes[0].set_ylabel(f"RL steps until p(good) >= {THRESHOLD}")
+    for ax in axes[::cols]:
+        ax.set_ylabel(f"RL steps until p(good) >= {THRESHOLD}")
     axes[0].legend(fontsize=7)
     fig.tight_layout()
     out.mkdir(parents=True, exist_ok=True)
@@ -456,14 +461,14 @@ def plot_curves(rows: Sequence[dict], out: Path, cell: str = "issue") -> Path:
     mine = [r for r in rows if r["cell"] == cell]
     fig = Figure(figsize=(10, 3.4))
     ax1, ax2 = fig.subplots(1, 2)
-    for j, variant in enumerate(v for v in DEFAULTS if any(r["variant"] == v for r in mine)):
-        runs = [r for r in mine if r["variant"] == variant]
+    for variant in [v for v in DEFAULTS if any(r["variant"] == v for r in mine)]:
+        runs, color = [r for r in mine if r["variant"] == variant], f"C{DEFAULTS.index(variant)}"
         curves = list(zip(*(r["p_good"][FOCUS] for r in runs), strict=False))
         xs = range(len(curves))
-        ax1.plot(xs, [statistics.fmean(c) for c in curves], color=f"C{j}", label=variant)
-        ax1.fill_between(xs, [min(c) for c in curves], [max(c) for c in curves], color=f"C{j}", alpha=0.15)
+        ax1.plot(xs, [statistics.fmean(c) for c in curves], color=color, label=variant)
+        ax1.fill_between(xs, [min(c) for c in curves], [max(c) for c in curves], color=color, alpha=0.15)
         kls = list(zip(*(r["kl_update_mean"] for r in runs), strict=False))
-        ax2.plot(range(1, len(kls) + 1), [statistics.fmean(k) for k in kls], color=f"C{j}", label=variant)
+        ax2.plot(range(1, len(kls) + 1), [statistics.fmean(k) for k in kls], color=color, label=variant)
     ax1.axhline(THRESHOLD, color="grey", ls=":", lw=1)
     ax1.set(yscale="log", xlabel="RL step", ylabel="p(good)", title=f"{cell}: the good token at {TARGETS[FOCUS]:g}")
     ax2.set(yscale="log", xlabel="RL step", ylabel="KL(p_new || p_old), mean over contexts",
