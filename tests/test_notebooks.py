@@ -28,6 +28,7 @@ EXPECTED = [
     "04_implicit_gradient.ipynb",
     "05_the_objective.ipynb",
     "06_end_to_end.ipynb",
+    "07_rare_tokens.ipynb",
 ]
 DRAWS = ("plt.show()", "display(Image(")  # a cell that draws a figure with either carries an image/png output
 
