@@ -19,7 +19,9 @@ What it runs, into `--out` (default runs/check-<UTC time>):
 Checks, each "passed", "FAILED" or "not applicable (why)":
     run           the run finished: steps, evaluations, checkpoints, summary.json
     weight sync   vLLM: after every push the engine's probe log-probs equal the trainer's (VLLMGenerator.check_sync,
-                  its largest difference reported)
+                  its largest difference reported); then a push of visibly changed weights (the output layer
+                  doubled, then restored) is taken, so the check would see a push that did nothing (an update
+                  at the preset's learning rate moves the probe less than the check's tolerance)
     sleep/wake    vLLM on a GPU: after each rollout the engine's sleep frees at least half of its share of the GPU
                   (vllm_gpu_memory), and the next push's wake takes back what the sleep freed (within 20%)
     finite loss   every loss and gradient norm of the run and the resume is finite (under bf16 autocast where
@@ -383,6 +385,26 @@ def compare_updates(cfg: Config, rec: Recorder, repeats: int) -> dict[str, Any]:
             "updates_each": len(times["troll"]), "samples": len(ro)}  # fmt: skip
 
 
+def perturbed_push(rec: Recorder) -> tuple[float, float]:
+    """Push weights visibly different from the last push (the output layer doubled), so that a push the engine did
+    not take would show, then put them back (halved: exact) and push again. Returns (how far the change moved the
+    trainer's probe log-probs, the engine's difference from the trainer after the push); push_weights raises if
+    its own check fails."""
+    gen, model = rec.inner, rec.model
+    before = gen.probe_logprobs(model)[1]  # type: ignore[attr-defined]
+    weight = model.get_output_embeddings().weight
+    with torch.no_grad():
+        weight.mul_(2.0)
+    try:
+        gen.push_weights(model)
+        engine, ref = gen.probe_logprobs(model)  # type: ignore[attr-defined]
+    finally:
+        with torch.no_grad():
+            weight.mul_(0.5)
+    gen.push_weights(model)
+    return float((ref - before).abs().max()), float((engine - ref).abs().max())
+
+
 def resume(cfg: Config, out: Path) -> tuple[bool, str, float]:
     """`python -m troll.train --resume true` one step past the run, in a new process: (ok, last line, seconds)."""
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(1 << 20))
@@ -492,9 +514,18 @@ def main(argv: list[str] | None = None, args: argparse.Namespace | None = None) 
         check("weight sync", na("transformers backend: the trainer samples itself"))
     elif error and "disagree" in error:
         check("weight sync", FAILED, error)
+    elif error is None:
+        tol = rec.inner.sync_tol  # type: ignore[attr-defined]
+        try:
+            moved, err = perturbed_push(rec)
+            ok = bool(rec.sync) and max(rec.sync) <= tol and err <= tol and moved > 10 * tol
+            detail = f"{len(rec.sync)} pushes in the run, max abs dlogp {max(rec.sync):.2g}; a push of changed "
+            detail += f"weights (the probe moved by {moved:.2g}) was taken, dlogp {err:.2g} (tolerance {tol:g})"
+        except RuntimeError as e:
+            ok, detail = False, str(e)
+        check("weight sync", PASSED if ok else FAILED, detail)
     else:
-        check("weight sync", PASSED if rec.sync else FAILED,
-              f"{len(rec.sync)} pushes, max abs dlogp {max(rec.sync, default=math.nan):.2g}")  # fmt: skip
+        check("weight sync", FAILED, f"the run failed first: {error}")
     if device == "cpu":
         check("sleep/wake", na("CPU: vLLM's sleep mode is GPU-only"))
     elif rec is None or not rec.vllm:
