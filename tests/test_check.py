@@ -143,12 +143,11 @@ def test_memory_check_against_the_model():
         {"baseline": 10e9, "peak": 10e9 + excess + 12 * params, "tokens": (600, 0.1)},
         {"baseline": 10e9, "peak": 10e9 + 0.5 * excess, "tokens": (600, 0.1)},
     ]
-    rec = SimpleNamespace(cuda=False, windows=windows)  # what a Recorder measured on CPU
-    status, detail, data = check.memory_check(cfg, "qwen2.5-0.5b", rec, params)
+    status, detail, data = check.memory_check(cfg, "qwen2.5-0.5b", windows, "cpu", params)
     assert status == "passed" and [round(r["ratio"], 6) for r in data["steps"]] == [1.0, 0.5]
-    rec.windows[1]["peak"] = 10e9 + 1.2 * excess
-    assert check.memory_check(cfg, "qwen2.5-0.5b", rec, params)[0] == "FAILED"
-    assert check.memory_check(cfg, "tiny", rec, 1)[0].startswith("not applicable")
+    windows[1]["peak"] = 10e9 + 1.2 * excess
+    assert check.memory_check(cfg, "qwen2.5-0.5b", windows, "cpu", params)[0] == "FAILED"
+    assert check.memory_check(cfg, "tiny", windows, "cpu", 1)[0].startswith("not applicable")
 
 
 def test_a_failed_check_exits_1_with_one_line(tmp_path, gsm8k_dir, monkeypatch, capsys):
@@ -163,7 +162,8 @@ def test_a_failed_check_exits_1_with_one_line(tmp_path, gsm8k_dir, monkeypatch, 
     monkeypatch.setitem(check.LOSSES, "troll", nan_loss)
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     out = tmp_path / "check"
-    code = check.main(["--shape", "tiny", "--backend", "hf", "--data", str(gsm8k_dir), "--out", str(out)])
+    argv = ["--shape", "tiny", "--backend", "hf", "--data", str(gsm8k_dir), "--out", str(out)]
+    code = check.main(argv, isolate=False)  # in this process, so the patched loss is the run's
     err = [line for line in capsys.readouterr().err.strip().splitlines() if line.startswith("troll.check")]
     assert code == 1 and len(err) == 1 and err[0].startswith("troll.check: FAILED finite loss: ")  # the last line
     assert str(out / "report.md") in err[0]

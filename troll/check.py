@@ -92,6 +92,7 @@ def parser() -> argparse.ArgumentParser:
                        f"{CPU_BATCH[name]} on CPU)")  # fmt: skip
     p.add_argument("--repeats", type=_at_least(1), default=1, help="TROLL / clip update pairs timed (default 1)")
     p.add_argument("--seed", type=_at_least(0), default=0)
+    p.add_argument("--measure", help=argparse.SUPPRESS)  # main's child process: the run directory
     p.add_argument("--out", help="report and run directory, new or empty (default runs/check-<UTC time>)")
     return p
 
@@ -99,6 +100,8 @@ def parser() -> argparse.ArgumentParser:
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = parser()
     args = p.parse_args(argv)
+    if args.measure:  # main's child process: the settings are in <measure>/check.json
+        return args
     if args.out is None:
         args.out = f"runs/check-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
     out = Path(args.out)
@@ -419,18 +422,19 @@ def resume(cfg: Config, out: Path) -> tuple[bool, str, float]:
 # ----------------------------------------------------------------------------- checks and the report
 
 
-def memory_check(cfg: Config, arch: str | None, rec: Recorder, params: int) -> tuple[str, str, dict]:
+def memory_check(cfg: Config, arch: str | None, windows: list[dict], device: str, params: int) -> tuple[str, str, dict]:
     """Each update window's measured peak against troll.memory's prediction (module docstring)."""
-    if not rec.windows:
+    cuda = device == "cuda"
+    if not windows:
         return FAILED, "no update window was measured", {}
     if arch not in memory.MEASURED:
         return na(f"troll.memory has no measured coefficients for this model ({arch or cfg.model})"), "", {}
     shape = memory.shape(arch)
     rows, ratios = [], []
-    for step, w in enumerate(rec.windows, start=1):
+    for step, w in enumerate(windows, start=1):
         tokens, share = w["tokens"]
         full = memory.peak_bytes(shape, tokens, cfg.grad_checkpointing, cfg.logits_chunk > 0, share)
-        if rec.cuda:
+        if cuda:
             predicted, measured = full - memory.RUNTIME, w["peak"]
             if not cfg.bf16:  # no autocast copies
                 predicted -= 2 * params
@@ -440,7 +444,7 @@ def memory_check(cfg: Config, arch: str | None, rec: Recorder, params: int) -> t
         ratios.append(measured / predicted)
         rows.append({"step": step, "tokens": tokens, "measured_gib": measured / memory.GIB,
                      "predicted_gib": predicted / memory.GIB, "ratio": measured / predicted})  # fmt: skip
-    what = "peak allocation (GPU)" if rec.cuda else "peak RSS over resident (CPU)"
+    what = "peak allocation (GPU)" if cuda else "peak RSS over resident (CPU)"
     detail = ", ".join(f"step {r['step']}: {r['measured_gib']:.2f} / {r['predicted_gib']:.2f} GiB = "
                        f"{r['ratio']:.2f}" for r in rows)  # fmt: skip
     status = PASSED if max(ratios) <= MEMORY_TOLERANCE else FAILED
@@ -466,8 +470,56 @@ def write_report(out: Path, report: dict) -> str:
     return md
 
 
-def main(argv: list[str] | None = None, args: argparse.Namespace | None = None) -> int:
-    """Run the check (module docstring); returns the exit status."""
+def measure(out: Path) -> dict:
+    """The run and what needs its live objects, for the settings in <out>/check.json: train with the Recorder and
+    LossWatch, the pushed-weights test, the update comparison. Returns the figures (and writes <out>/measure.json);
+    an exception inside the run is recorded as `error`."""
+    spec = json.loads((out / "check.json").read_text())
+    cfg = Config(**spec["config"])
+    from troll.train import train
+
+    watch = LossWatch(LOSSES[cfg.loss])
+    recs: list[Recorder] = []
+    res: dict[str, Any] = {"error": None, "times": {}}
+    t0 = time.perf_counter()
+    try:
+        train(cfg, watch, lambda g: recs.append(Recorder(g, cfg)) or recs[-1])
+    except Exception as e:  # a failure inside the run is this check's finding: report it
+        res["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+    res["times"]["run (total)"] = time.perf_counter() - t0
+    rec = recs[0] if recs else None
+    res["watch"] = {"calls": watch.calls, "chunked": watch.chunked, "finite": watch.finite,
+                    "dtypes": sorted(watch.dtypes)}  # fmt: skip
+    if rec is None:
+        return _write(out / "measure.json", res)
+    res |= {"vllm": rec.vllm, "sync": rec.sync, "windows": rec.windows, "times_greedy": rec.times["greedy"]}
+    res |= {"free_awake": rec.free_awake, "free_asleep": rec.free_asleep}
+    res["params"] = sum(p.numel() for p in rec.model.parameters()) if rec.model is not None else 0
+    if rec.vllm and res["error"] is None:
+        res["sync_tol"] = rec.inner.sync_tol  # type: ignore[attr-defined]
+        try:
+            res["perturbed"] = perturbed_push(rec)
+        except RuntimeError as e:
+            res["perturbed_error"] = str(e)
+    if rec.model is not None and rec.last is not None and res["error"] is None:
+        t0 = time.perf_counter()
+        rec.close()
+        res["update_time"] = compare_updates(cfg, rec, spec["repeats"])
+        res["times"]["TROLL vs clip updates"] = time.perf_counter() - t0
+    if not rec.cuda:
+        res["peak_rss_gib"] = max(rec.process_peak, proc_status_bytes("VmHWM")) / memory.GIB
+    return _write(out / "measure.json", res)
+
+
+def _write(path: Path, obj: dict) -> dict:
+    path.write_text(json.dumps(obj, indent=1, default=str) + "\n")
+    return obj
+
+
+def main(argv: list[str] | None = None, args: argparse.Namespace | None = None, isolate: bool = True) -> int:
+    """Run the check (module docstring); returns the exit status. `isolate`: the run and the update comparison
+    (`measure`) run in a child process, whose memory is returned before the resume starts (in-process, vLLM keeps
+    the trainer's model and optimiser alive after the run); False runs them in this process (tests)."""
     args = args or parse(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -483,103 +535,86 @@ def main(argv: list[str] | None = None, args: argparse.Namespace | None = None) 
     model, model_note, arch = pick_model(args, preset, data, out)
     times["model and data"] = time.perf_counter() - t0
     cfg = run_config(args, model, data, device, backend)
+    _write(out / "check.json", {"config": dataclasses.asdict(cfg), "repeats": args.repeats})
+    if isolate:
+        cmd = [sys.executable, "-m", "troll.check", "--measure", str(out)]
+        subprocess.run(cmd, env=dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(1 << 20)))
+        path = out / "measure.json"
+        m = json.loads(path.read_text()) if path.is_file() else {"error": "the run's process died", "times": {}}
+    else:
+        m = measure(out)
+    times |= m["times"]
     checks: list[dict] = []
     report: dict[str, Any] = {"command": "python -m troll.check " + " ".join(argv or sys.argv[1:]),
                               "environment": env, "model": model_note, "data": data_note,
-                              "config": dataclasses.asdict(cfg)}  # fmt: skip
+                              "config": dataclasses.asdict(cfg), "params": m.get("params", 0)}  # fmt: skip
 
     def check(name: str, status: str, detail: str = "") -> None:
         checks.append({"name": name, "status": status, "detail": detail})
 
-    from troll.train import train
-
-    watch = LossWatch(LOSSES[cfg.loss])
-    recs: list[Recorder] = []
-    t0 = time.perf_counter()
-    error = None
-    try:
-        train(cfg, watch, lambda g: recs.append(Recorder(g, cfg)) or recs[-1])
-    except Exception as e:  # a failure inside the run is this check's finding: report it
-        error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
-    times["run (total)"] = time.perf_counter() - t0
-    rec = recs[0] if recs else None
+    error, params = m["error"], m.get("params", 0)
     run = Path(cfg.out)
     rows = step_rows(run) if (run / "metrics.jsonl").is_file() else []
-    params = sum(p.numel() for p in rec.model.parameters()) if rec and rec.model is not None else 0
-    report["params"] = params
     finished = error is None and (run / "summary.json").is_file() and len(rows) == cfg.steps
     check("run", PASSED if finished else FAILED, error or f"{cfg.steps} RL steps, evaluations at 0 and "
           f"{cfg.steps}, checkpoints, summary.json; {params / 1e6:.1f}M parameters")  # fmt: skip
-    if rec is None or not rec.vllm:
+    if not m.get("vllm"):
         check("weight sync", na("transformers backend: the trainer samples itself"))
-    elif error and "disagree" in error:
-        check("weight sync", FAILED, error)
-    elif error is None:
-        tol = rec.inner.sync_tol  # type: ignore[attr-defined]
-        try:
-            moved, err = perturbed_push(rec)
-            ok = bool(rec.sync) and max(rec.sync) <= tol and err <= tol and moved > 10 * tol
-            detail = f"{len(rec.sync)} pushes in the run, max abs dlogp {max(rec.sync):.2g}; a push of changed "
-            detail += f"weights (the probe moved by {moved:.2g}) was taken, dlogp {err:.2g} (tolerance {tol:g})"
-        except RuntimeError as e:
-            ok, detail = False, str(e)
-        check("weight sync", PASSED if ok else FAILED, detail)
+    elif error:
+        check("weight sync", FAILED, error if "disagree" in error else f"the run failed first: {error}")
+    elif "perturbed_error" in m:
+        check("weight sync", FAILED, m["perturbed_error"])
     else:
-        check("weight sync", FAILED, f"the run failed first: {error}")
+        tol, sync, (moved, err) = m["sync_tol"], m["sync"], m["perturbed"]
+        ok = bool(sync) and max(sync) <= tol and err <= tol and moved > 10 * tol
+        check("weight sync", PASSED if ok else FAILED, f"{len(sync)} pushes in the run, max abs dlogp "
+              f"{max(sync):.2g}; a push of changed weights (the probe moved by {moved:.2g}) was taken, dlogp "
+              f"{err:.2g} (tolerance {tol:g})")  # fmt: skip
     if device == "cpu":
         check("sleep/wake", na("CPU: vLLM's sleep mode is GPU-only"))
-    elif rec is None or not rec.vllm:
+    elif not m.get("vllm"):
         check("sleep/wake", na("no vLLM engine"))
     else:
         share = cfg.vllm_gpu_memory * torch.cuda.get_device_properties(0).total_memory
-        freed = [s - a for a, s in zip(rec.free_awake, rec.free_asleep, strict=False)]
-        restored = [s - a for s, a in zip(rec.free_asleep, rec.free_awake[1:], strict=False)]
+        awake, asleep = m["free_awake"], m["free_asleep"]
+        freed = [s - a for a, s in zip(awake, asleep, strict=False)]
+        restored = [s - a for s, a in zip(asleep, awake[1:], strict=False)]
         ok = bool(freed) and all(f >= 0.5 * share for f in freed)
         ok = ok and all(abs(r - f) <= 0.2 * f for f, r in zip(freed, restored, strict=False))
         gib = lambda xs: "/".join(f"{x / memory.GIB:.1f}" for x in xs)  # noqa: E731
         check("sleep/wake", PASSED if ok else FAILED, f"freed {gib(freed)} GiB, restored {gib(restored)} GiB "
               f"(engine share {share / memory.GIB:.1f} GiB)")  # fmt: skip
-    t0 = time.perf_counter()
-    if rec is not None and rec.model is not None and rec.last is not None and error is None:
-        rec.close()
-        report["update_time"] = compare_updates(cfg, rec, args.repeats)
-        times["TROLL vs clip updates"] = time.perf_counter() - t0
-    mem_status, mem_detail, report["memory"] = memory_check(cfg, arch, rec, params) if rec else (FAILED, "", {})
-    if rec is not None:
-        rec.model = rec.last = None
-    recs.clear()
-    gc.collect()
+    mem_status, mem_detail, report["memory"] = memory_check(cfg, arch, m.get("windows", []), device, params)
     ok, last, seconds = resume(cfg, out) if finished else (False, "not run: the run did not finish", 0.0)
     times["resume (new process)"] = seconds
     rows = step_rows(run) if (run / "metrics.jsonl").is_file() else []
     ok = ok and [r["step"] for r in rows] == list(range(1, cfg.steps + 2))
+    watch = m["watch"]
     losses = [r["policy"] for r in rows] + [r.get("grad_norm", 0.0) for r in rows]
-    finite = watch.calls > 0 and watch.finite == watch.calls and all(math.isfinite(x) for x in losses)
+    finite = watch["calls"] > 0 and watch["finite"] == watch["calls"] and all(math.isfinite(x) for x in losses)
     finite = finite and not any(r["skipped"] for r in rows)
-    how = f"under bf16 autocast (hidden states {', '.join(sorted(watch.dtypes))})" if cfg.bf16 else "float32, bf16 off"
-    check("finite loss", PASSED if finite else FAILED, f"{watch.finite} of {watch.calls} loss calls finite, "
+    how = f"under bf16 autocast (hidden states {', '.join(watch['dtypes'])})" if cfg.bf16 else "float32, bf16 off"
+    check("finite loss", PASSED if finite else FAILED, f"{watch['finite']} of {watch['calls']} loss calls finite, "
           f"{len(rows)} steps' gradient norms; {how}")  # fmt: skip
     if cfg.logits_chunk == 0:
         check("chunked head", na("the preset uses full logits"))
     else:
-        in_use = watch.calls > 0 and watch.chunked == watch.calls
-        check("chunked head", PASSED if in_use else FAILED, f"{watch.chunked} of {watch.calls} loss calls got an "
-              f"LMHead, {cfg.logits_chunk} rows a chunk")  # fmt: skip
+        in_use = watch["calls"] > 0 and watch["chunked"] == watch["calls"]
+        check("chunked head", PASSED if in_use else FAILED, f"{watch['chunked']} of {watch['calls']} loss calls "
+              f"got an LMHead, {cfg.logits_chunk} rows a chunk")  # fmt: skip
     check("memory", mem_status, mem_detail)
     check("resume", PASSED if ok else FAILED, f"step {cfg.steps + 1} written by a resumed process; {last}")
     if rows:
         for key in ("time_generate", "time_score", "time_old_policy", "time_update", "time_sync"):
             times[f"per step: {key.removeprefix('time_')}"] = sum(r[key] for r in rows) / len(rows)
-    if rec is not None:
-        times["evaluations (run)"] = rec.times["greedy"]
-    u = report.get("update_time")
+    times["evaluations (run)"] = m.get("times_greedy", 0.0)
+    u = report["update_time"] = m.get("update_time")
     check("TROLL / clip update time", MEASURED, f"{u['ratio']:.3f} ({u['troll_s']:.1f} s / {u['ppo_clip_s']:.1f} s, "
           f"{u['updates_each']} updates each, {u['samples']} samples)" if u else "not run")  # fmt: skip
     times["total"] = time.perf_counter() - t_start
     failed = [c["name"] for c in checks if c["status"] == FAILED]
     report |= {"checks": checks, "times_s": times, "verdict": "FAILED: " + ", ".join(failed) if failed else "passed"}
-    if device == "cpu":  # the check process's peak (the resume ran in its own)
-        report["peak_rss_gib"] = max(rec.process_peak if rec else 0, proc_status_bytes("VmHWM")) / memory.GIB
+    report["peak_rss_gib"] = m.get("peak_rss_gib")  # CPU: the run's process (the resume ran in its own)
     print(write_report(out, report))
     if failed:
         first = next(c for c in checks if c["status"] == FAILED)
@@ -600,4 +635,7 @@ def mmap_large_allocations() -> None:
 
 if __name__ == "__main__":
     mmap_large_allocations()
+    if CLI_ARGS.measure:  # the child process of main(isolate=True)
+        measure(Path(CLI_ARGS.measure))
+        sys.exit(0)
     sys.exit(main(sys.argv[1:], CLI_ARGS))
