@@ -12,7 +12,7 @@ What it runs, into `--out` (default runs/check-<UTC time>):
     data          --data, else the preset's GSM8K source, else the 300-row sample committed in tests/data/gsm8k
     run           `troll.train.train` with the preset's settings (vLLM where installed, else transformers;
                   bf16 on a GPU; float32 on CPU), --steps RL steps, an evaluation before and after, checkpoints
-    updates       TROLL's and PPO-clip's update (`troll.train.update`) on the run's last batch, interleaved
+    updates       TROLL's and PPO-clip's update (`troll.train.update`) on the run's last batch, interleaved after a warm-up
                   (troll, clip, clip, troll, ...), on the trained model with a zero learning rate
     resume        `python -m troll.train --out <run> --resume true --steps <steps + 1>` in a new process
 
@@ -362,7 +362,8 @@ class LossWatch:
 
 def compare_updates(cfg: Config, rec: Recorder, repeats: int) -> dict[str, Any]:
     """TROLL's and PPO-clip's `update` on the run's last rollouts and trained model, interleaved troll, clip, clip,
-    troll per repeat, with plain SGD at learning rate 0 (the weights stay as they are; both pay the same step).
+    troll per repeat after one untimed warm-up update, with plain SGD at learning rate 0 (the weights stay as they
+    are; both pay the same step).
     Advantages alternate +1 / -1 (a random model's rewards are mostly 0, which would make every advantage 0)."""
     from troll.train import old_policy, update
 
@@ -375,6 +376,7 @@ def compare_updates(cfg: Config, rec: Recorder, repeats: int) -> dict[str, Any]:
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0)
     times: dict[str, list[float]] = {"troll": [], "ppo_clip": []}
+    update(cfg, model, opt, sched, batch, old, minibatches, LOSSES[cfg.loss])  # warm-up, not timed
     for _ in range(repeats):
         for loss in ("troll", "ppo_clip", "ppo_clip", "troll"):
             c = dataclasses.replace(cfg, loss=loss)
@@ -385,7 +387,7 @@ def compare_updates(cfg: Config, rec: Recorder, repeats: int) -> dict[str, Any]:
             times[loss].append(time.perf_counter() - t0)
     mean = {k: sum(v) / len(v) for k, v in times.items()}
     return {"troll_s": mean["troll"], "ppo_clip_s": mean["ppo_clip"], "ratio": mean["troll"] / mean["ppo_clip"],
-            "updates_each": len(times["troll"]), "samples": len(ro)}  # fmt: skip
+            "updates_each": len(times["troll"]), "samples": len(ro), "each_s": times}  # fmt: skip
 
 
 def perturbed_push(rec: Recorder) -> tuple[float, float]:

@@ -39,8 +39,8 @@ What was checked about vLLM 0.32's CPU build, and its pitfalls, is in docs/vllm_
   update; the next call or push wakes it with the weights it last had. The trainer samples and evaluates
   without a push in between (the evaluation after a step, then the next step's rollout; --staleness k), so the
   engine must keep its weights. `sleep_level=2` discards them too (no CPU copy): every call then needs a
-  push first, and generating without one is a RuntimeError. Not exercised by the CPU tests; `python -m
-  troll.check` measures both on a GPU.
+  push first, and generating without one is a RuntimeError. Sleep mode cannot run on CPU; the tests check this
+  order of calls against a stand-in engine, and `python -m troll.check` measures what sleep frees on a GPU.
 - CPU only: no sleep mode, eager mode, and a KV cache of CPU_KV_CACHE_BYTES (1 GiB) unless
   `VLLM_CPU_KVCACHE_SPACE` or `engine_kwargs["kv_cache_memory_bytes"]` says otherwise (unset, vLLM takes ~8 GiB).
 """
