@@ -97,6 +97,7 @@ def read_report(out: Path) -> dict:
     return report
 
 
+@pytest.mark.slow
 def test_check_end_to_end_transformers(tmp_path, gsm8k_dir):
     """The whole command at the tiny shape: a run, the update comparison, a resume in a new process, the report."""
     out = tmp_path / "check"
@@ -116,6 +117,7 @@ def test_check_end_to_end_transformers(tmp_path, gsm8k_dir):
     assert [m["step"] for m in metrics if "eval_acc" not in m] == [1, 2, 3]  # 2 steps, then 1 resumed
 
 
+@pytest.mark.slow
 @pytest.mark.vllm
 def test_check_end_to_end_vllm(tmp_path, gsm8k_dir):
     """The same with the vLLM engine: every push's weight-sync figure is reported; sleep/wake does not apply on

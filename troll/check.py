@@ -12,8 +12,8 @@ What it runs, into `--out` (default runs/check-<UTC time>):
     data          --data, else the preset's GSM8K source, else the 300-row sample committed in tests/data/gsm8k
     run           `troll.train.train` with the preset's settings (vLLM where installed, else transformers;
                   bf16 on a GPU; float32 on CPU), --steps RL steps, an evaluation before and after, checkpoints
-    updates       TROLL's and PPO-clip's update (`troll.train.update`) on the run's last batch, interleaved after a warm-up
-                  (troll, clip, clip, troll, ...), on the trained model with a zero learning rate
+    updates       TROLL's and PPO-clip's update (`troll.train.update`) on the run's last batch, after one warm-up
+                  update interleaved (troll, clip, clip, troll, ...), on the trained model at learning rate 0
     resume        `python -m troll.train --out <run> --resume true --steps <steps + 1>` in a new process
 
 Checks, each "passed", "FAILED" or "not applicable (why)":
