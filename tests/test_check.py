@@ -184,6 +184,11 @@ def test_a_failed_check_exits_1_with_one_line(tmp_path, gsm8k_dir, monkeypatch, 
         (["--model", "/no/such/model"], ["--model", "does not exist"]),
         (["--shape", "tiny", "--model", "Qwen/Qwen2.5-0.5B-Instruct"], ["--shape tiny", "drop --model"]),
         (["--out", str(ROOT / "README.md")], ["--out", "not an empty folder"]),
+        pytest.param(
+            ["--device", "cuda"],
+            ["--device cuda", "no CUDA"],
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU"),
+        ),
     ],
 )
 def test_bad_flags_exit_2_with_one_line(argv, words):

@@ -44,6 +44,7 @@ passed or does not apply, 1 with one line naming the failed checks otherwise, 2 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 import time
@@ -118,11 +119,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
             resolve_model(args.model)
         except ValueError as e:
             p.error(f"--model: {e}")
-    if args.device == "cuda" or args.backend == "vllm":
-        import importlib.util
+    if args.backend == "vllm" and importlib.util.find_spec("vllm") is None:
+        p.error("--backend vllm: vLLM is not installed (pip install vllm, or bash scripts/install_vllm_cpu.sh)")
+    if args.device == "cuda":
+        import torch
 
-        if args.backend == "vllm" and importlib.util.find_spec("vllm") is None:
-            p.error("--backend vllm: vLLM is not installed (pip install vllm, or bash scripts/install_vllm_cpu.sh)")
+        if not torch.cuda.is_available():
+            p.error("--device cuda: torch sees no CUDA device here (use --device auto or cpu)")
     return args
 
 
@@ -133,7 +136,6 @@ import contextlib  # noqa: E402
 import dataclasses  # noqa: E402
 import gc  # noqa: E402
 import importlib.metadata  # noqa: E402
-import importlib.util  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import platform  # noqa: E402
