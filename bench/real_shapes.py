@@ -6,8 +6,9 @@ chunked output layer (`LMHead`) vs full logits, gradient checkpointing on vs off
     .venv/bin/python bench/real_shapes.py --plan full         # every model x variant x row count (~1.5 h)
     .venv/bin/python bench/real_shapes.py --models qwen3-0.6b --rows 1,2 --losses troll --heads chunked
 
-Models (published configs, `MODELS`; random weights, float32 on CPU; vocabulary 151,936 = the output layer,
-tokenizer 151,665 / 151,669 ids, the rest masked as in training; all three tie input and output embeddings):
+Models (published configs, `MODELS` from troll.standin; random weights, float32 on CPU; vocabulary 151,936 =
+the output layer, tokenizer 151,665 / 151,669 ids, the rest masked as in training; all three tie input and
+output embeddings):
     qwen2.5-0.5b  24 layers, hidden 896,  14 heads / 2 KV heads (head_dim 64),  MLP 4,864,  qkv bias   0.49B
     qwen3-0.6b    28 layers, hidden 1024, 16 heads / 8 KV heads (head_dim 128), MLP 3,072,  q/k RMSNorm 0.60B
     qwen2.5-1.5b  28 layers, hidden 1536, 12 heads / 2 KV heads (head_dim 128), MLP 8,960,  qkv bias   1.54B
@@ -50,7 +51,6 @@ import argparse
 import gc
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -63,43 +63,18 @@ import torch  # noqa: E402
 from _util import comma_list, int_at_least, positive_float  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from troll.diagnostics import proc_status_bytes, reset_peak_rss  # noqa: E402
 from troll.losses import ppo_clip, troll_loss  # noqa: E402
 from troll.policy import packed_logits  # noqa: E402
 from troll.sparse import sparsify  # noqa: E402
+from troll.standin import ARCHS, VOCAB, build  # noqa: E402
 
-VOCAB = 151_936
-MODELS: dict[str, dict] = {
-    "qwen2.5-0.5b": dict(arch="qwen2", layers=24, hidden=896, heads=14, kv=2, head_dim=64, mlp=4864, tok=151_665),
-    "qwen3-0.6b": dict(arch="qwen3", layers=28, hidden=1024, heads=16, kv=8, head_dim=128, mlp=3072, tok=151_669),
-    "qwen2.5-1.5b": dict(arch="qwen2", layers=28, hidden=1536, heads=12, kv=2, head_dim=128, mlp=8960, tok=151_665),
-}
+MODELS = {name: arch for name, arch in ARCHS.items() if name != "tiny"}  # the published shapes (troll.standin)
 COUNT_ADAM = {"qwen2.5-1.5b"}  # AdamW states counted, not allocated (module docstring)
 LOSSES = {"troll": troll_loss, "clip": ppo_clip}
 KWARGS = {"troll": dict(eps=0.05, alpha=1.0), "clip": dict(eps_low=0.2, eps_high=0.2)}
 PROMPT = 250
 GB = 1e9
-
-
-def build(name: str):
-    """Random-weight float32 model from the published architecture numbers (MODELS)."""
-    from transformers import AutoModelForCausalLM, Qwen2Config, Qwen3Config
-
-    m = MODELS[name]
-    common = dict(
-        vocab_size=VOCAB,
-        hidden_size=m["hidden"],
-        intermediate_size=m["mlp"],
-        num_hidden_layers=m["layers"],
-        num_attention_heads=m["heads"],
-        num_key_value_heads=m["kv"],
-        max_position_embeddings=32768,
-        rms_norm_eps=1e-6,
-        rope_theta=1e6,
-        tie_word_embeddings=True,
-        hidden_act="silu",
-    )
-    cfg = Qwen3Config(head_dim=m["head_dim"], **common) if m["arch"] == "qwen3" else Qwen2Config(**common)
-    return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
 
 
 def make_batch(rows: int, response: int, vocab: int, seed: int = 0):
@@ -125,12 +100,12 @@ def policy(model, ids, attn, T: int, chunked: bool, temperature: float, vocab: i
 
 
 def _status(key: str) -> float:
-    return int(re.search(rf"{key}:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) * 1024 / GB
+    return proc_status_bytes(key) / GB
 
 
 def _reset_peak() -> None:
     gc.collect()
-    Path("/proc/self/clear_refs").write_text("5")
+    reset_peak_rss()
 
 
 def child(spec: dict) -> dict:

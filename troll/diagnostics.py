@@ -3,6 +3,7 @@
     mismatch(ro, old)                     # every step: sampler mu vs the network before the update, at y
     mismatch_at(old_logp, mu_logp, mask)  # the same from the two log-probs [B, T] (troll.integrations.trl)
     peak_memory_mb(device)
+    reset_peak_rss(); ...; proc_status_bytes("VmHWM")   # Linux: the resident peak since the reset, in bytes
 
     probe = UpdateKL(cfg, vocab_size)     # troll.train builds it when vocab_size <= cfg.kl_update_vocab
     probe.before(model, ro)               # right before the step's optimiser steps: p_old [B*T, V]
@@ -22,7 +23,9 @@ tokens). The studies (study/) turn it on; the main job leaves it off.
 from __future__ import annotations
 
 import math
+import re
 import resource
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -94,3 +97,14 @@ def peak_memory_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated() / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10  # ru_maxrss is in KiB on Linux
+
+
+def proc_status_bytes(key: str) -> int:
+    """A memory figure of this process from /proc/self/status (Linux), in bytes: VmRSS (resident now) or VmHWM
+    (the resident peak since the process started or `reset_peak_rss`)."""
+    return int(re.search(rf"{key}:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) * 1024
+
+
+def reset_peak_rss() -> None:
+    """Reset VmHWM to the current resident size (Linux: /proc/self/clear_refs 5)."""
+    Path("/proc/self/clear_refs").write_text("5")

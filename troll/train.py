@@ -266,8 +266,12 @@ def rl_step(
 # ----------------------------------------------------------------------------- the loop
 
 
-def train(cfg: Config) -> dict:
-    """Run (or resume) the RL loop of `cfg`; returns the summary written to <out>/summary.json."""
+def train(
+    cfg: Config, loss_fn: LossFn | None = None, wrap_generator: Callable[[Generator], Generator] | None = None
+) -> dict:
+    """Run (or resume) the RL loop of `cfg`; returns the summary written to <out>/summary.json. `loss_fn` and
+    `wrap_generator` are seams for measurements (troll.check): a loss that inspects its inputs, a generator that
+    records its calls around the real one."""
     with Run.open(cfg) as run:  # the run directory: new, or resumed from its newest whole checkpoint (troll.harness)
         if run.finished:
             return run.summary()
@@ -277,6 +281,7 @@ def train(cfg: Config) -> dict:
         task, dropped = load_task(cfg, tokenizer)
         opt, sched = make_optimizer(cfg, model)
         generator = make_generator(cfg, model, tokenizer, run.out)
+        generator = wrap_generator(generator) if wrap_generator else generator
         if run.checkpoint is None:
             warm = warm_start_task(cfg, model, tokenizer, task) if cfg.sft_steps else {}
             generator.push_weights(model)
@@ -286,7 +291,8 @@ def train(cfg: Config) -> dict:
             run.restore(opt, sched)
         probe = UpdateKL(cfg, len(tokenizer)) if len(tokenizer) <= cfg.kl_update_vocab else None
         for step in run.steps():
-            row = rl_step(cfg, step, model, tokenizer, generator, opt, sched, task, run.state["pending"], probe=probe)
+            pending = run.state["pending"]
+            row = rl_step(cfg, step, model, tokenizer, generator, opt, sched, task, pending, loss_fn, probe)
             evaluation = evaluate(generator, tokenizer, task, cfg.max_new_tokens) if run.eval_due(step) else None
             run.record(step, row, evaluation, model, tokenizer, opt, sched)
         return run.finish(len(task.test))

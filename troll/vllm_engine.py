@@ -34,9 +34,13 @@ What was checked about vLLM 0.32's CPU build, and its pitfalls, is in docs/vllm_
   vLLM, so every push ends with `check_sync`: a fixed probe sequence is scored by the engine (prompt log-probs:
   raw, unmasked, temperature 1) and by the model the same way; a difference above the engine's tolerance
   (SYNC_TOL_FP32 in float32, SYNC_TOL_16BIT in 16 bits) is a RuntimeError.
-- GPU only: `gpu_memory_utilization` bounds the engine; with `sleep_level=2` it sleeps after each call,
-  discarding weights and KV cache (the next push replaces the weights anyway), and `push_weights` wakes it.
-  Generating after a level-2 sleep without a push is a RuntimeError. Not exercised by the CPU tests.
+- GPU only: `gpu_memory_utilization` bounds the engine; with `sleep_level=1` (the default) it sleeps after each
+  call, its weights offloaded to CPU memory and its KV cache discarded, so the trainer has that GPU memory for the
+  update; the next call or push wakes it with the weights it last had. The trainer samples and evaluates
+  without a push in between (the evaluation after a step, then the next step's rollout; --staleness k), so the
+  engine must keep its weights. `sleep_level=2` discards them too (no CPU copy): every call then needs a
+  push first, and generating without one is a RuntimeError. Sleep mode cannot run on CPU; the tests check this
+  order of calls against a stand-in engine, and `python -m troll.check` measures what sleep frees on a GPU.
 - CPU only: no sleep mode, eager mode, and a KV cache of CPU_KV_CACHE_BYTES (1 GiB) unless
   `VLLM_CPU_KVCACHE_SPACE` or `engine_kwargs["kv_cache_memory_bytes"]` says otherwise (unset, vLLM takes ~8 GiB).
 """
@@ -117,7 +121,7 @@ class VLLMGenerator:
         dtype: str = "auto",
         seed: int = 0,
         gpu_memory_utilization: float = 0.4,
-        sleep_level: int | None = 2,
+        sleep_level: int | None = 1,
         eos_token_ids: Sequence[int] | None = None,
         engine_kwargs: dict[str, Any] | None = None,
     ):
@@ -164,6 +168,7 @@ class VLLMGenerator:
         self.probe = torch.randint(self.vocab_size, (PROBE_LEN,), generator=torch.Generator().manual_seed(PROBE_SEED))
         self._asleep = False
         self._weights_lost = False
+        self.last_sync_error: float | None = None  # check_sync's figure after the latest push
 
     def close(self) -> None:
         """Shut the engine down and free its KV cache; the generator is unusable afterwards."""
@@ -187,7 +192,7 @@ class VLLMGenerator:
         self._wake(["kv_cache"])
         self._asleep = self._weights_lost = False
         self.llm.reset_prefix_cache()
-        self.check_sync(model)
+        self.last_sync_error = self.check_sync(model)
 
     @torch.no_grad()
     def probe_logprobs(self, model: Any) -> tuple[Tensor, Tensor]:

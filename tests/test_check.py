@@ -1,0 +1,265 @@
+"""The acceptance command (troll/check.py) at a tiny shape on CPU, and the stand-in model it builds (troll/standin.py):
+the whole command end to end with each backend, the report's files and fields, a failing check's exit status and
+line, bad flags; the stand-in's tokenizer reloads as itself and its model has the published shape."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from troll import check
+from troll.gsm8k import load_gsm8k, make_prompt
+from troll.standin import ARCHS, VOCAB, model_config, save_standin, standin_tokenizer
+
+ROOT = Path(__file__).resolve().parent.parent
+CHECKS = ["run", "weight sync", "sleep/wake", "finite loss", "chunked head", "memory", "resume",
+          "TROLL / clip update time"]  # fmt: skip
+
+
+def command(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
+    return subprocess.run([sys.executable, "-m", "troll.check", *argv], capture_output=True, text=True, env=env)
+
+
+def texts(gsm8k_dir: Path) -> list[str]:
+    return [r["question"] + "\n" + r["answer"] for r in load_gsm8k("train", str(gsm8k_dir), limit=300)]
+
+
+# ----------------------------------------------------------------------------- the stand-in
+
+
+def test_standin_tokenizer_reloads_as_itself(tmp_path, gsm8k_dir):
+    """AutoTokenizer picks the class from the folder's model_type (qwen2); the stand-in's tokenizer is that class,
+    so the reloaded tokenizer has the same size and ids as the one the run started with (docs/vllm_cpu.md)."""
+    from transformers import AutoTokenizer
+
+    path = save_standin("tiny", texts(gsm8k_dir), tmp_path / "m")
+    built = standin_tokenizer(texts(gsm8k_dir))
+    loaded = AutoTokenizer.from_pretrained(path)
+    assert type(loaded).__name__ == type(built).__name__ == "Qwen2Tokenizer" and len(loaded) == len(built)
+    for r in load_gsm8k("test", str(gsm8k_dir), limit=30):
+        prompt = make_prompt(r["question"], loaded, chat=True)
+        assert (
+            loaded(prompt, add_special_tokens=False)["input_ids"]
+            == built(prompt, add_special_tokens=False)["input_ids"]
+        )
+        assert loaded.decode(built(r["answer"])["input_ids"]) == r["answer"]  # byte-level BPE: lossless
+    assert prompt.endswith("<|im_start|>assistant\n") and loaded.eos_token == "<|im_end|>"
+
+
+def test_standin_tokenizer_padded_to_the_real_size(gsm8k_dir):
+    """Qwen2.5's 151,665 ids, special tokens last; filler ids never come out of encoding."""
+    tok = standin_tokenizer(texts(gsm8k_dir), size=ARCHS["qwen2.5-0.5b"]["tok"])
+    assert len(tok) == 151_665 and tok.convert_ids_to_tokens(151_664) == "<|im_end|>" == tok.eos_token
+    ids = [i for t in texts(gsm8k_dir)[:50] for i in tok(t)["input_ids"]]
+    assert max(ids) < 2048  # learned merges only
+
+
+def test_standin_shapes_are_the_published_ones():
+    """Parameter counts of the configs match the published models (memory.MEASURED holds the same counts)."""
+    from transformers import AutoModelForCausalLM
+
+    from troll.memory import MEASURED
+
+    for name in ("qwen2.5-0.5b", "qwen3-0.6b"):
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(model_config(name))
+        assert sum(p.numel() for p in model.parameters()) == MEASURED[name].params
+        assert model.get_output_embeddings().weight.shape == (VOCAB, ARCHS[name]["hidden"])
+
+
+@pytest.mark.vllm
+def test_standin_vllm_loads_the_same_tokenizer(tmp_path, gsm8k_dir):
+    """vLLM's own tokenizer loading (used when its tokenizer is not skipped) gives the same ids."""
+    pytest.importorskip("vllm")
+    from vllm.tokenizers import get_tokenizer
+
+    path = save_standin("tiny", texts(gsm8k_dir), tmp_path / "m")
+    built = standin_tokenizer(texts(gsm8k_dir))
+    engine_tok = get_tokenizer(str(path))
+    for t in texts(gsm8k_dir)[:30]:
+        assert engine_tok.encode(t, add_special_tokens=False) == built(t, add_special_tokens=False)["input_ids"]
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+def read_report(out: Path) -> dict:
+    report = json.loads((out / "report.json").read_text())
+    assert (out / "report.md").read_text().startswith("# troll.check: ")
+    return report
+
+
+@pytest.mark.slow
+def test_check_end_to_end_transformers(tmp_path, gsm8k_dir):
+    """The whole command at the tiny shape: a run, the update comparison, a resume in a new process, the report."""
+    out = tmp_path / "check"
+    res = command("--shape", "tiny", "--backend", "hf", "--data", str(gsm8k_dir), "--out", str(out))
+    assert res.returncode == 0, res.stderr[-2000:]
+    report = read_report(out)
+    status = {c["name"]: c["status"] for c in report["checks"]}
+    assert list(status) == CHECKS
+    assert status["run"] == status["finite loss"] == status["chunked head"] == status["resume"] == "passed"
+    assert status["weight sync"].startswith("not applicable") and status["sleep/wake"].startswith("not applicable")
+    assert status["memory"].startswith("not applicable")  # no measured coefficients for the tiny shape
+    assert report["update_time"]["ratio"] > 0 and report["verdict"] == "passed"
+    assert report["environment"]["torch"] == torch.__version__ and "vllm" in report["environment"]
+    assert report["config"]["logits_chunk"] == 1024 and report["config"]["task"] == "gsm8k"
+    assert report["model"].startswith("stand-in") and "| memory |" in res.stdout
+    metrics = [json.loads(x) for x in (out / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics if "eval_acc" not in m] == [1, 2, 3]  # 2 steps, then 1 resumed
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_check_end_to_end_vllm(tmp_path, gsm8k_dir):
+    """The same with the vLLM engine: every push's weight-sync figure is reported; sleep/wake does not apply on
+    CPU and says so."""
+    pytest.importorskip("vllm")
+    out = tmp_path / "check"
+    res = command("--shape", "tiny", "--data", str(gsm8k_dir), "--out", str(out), env={"VLLM_CPU_KVCACHE_SPACE": "1"})
+    assert res.returncode == 0, res.stderr[-2000:]
+    checks = {c["name"]: c for c in read_report(out)["checks"]}
+    assert checks["weight sync"]["status"] == "passed" and "3 pushes" in checks["weight sync"]["detail"]
+    assert checks["sleep/wake"]["status"] == "not applicable (CPU: vLLM's sleep mode is GPU-only)"
+    assert checks["resume"]["status"] == "passed"
+
+
+def test_memory_check_against_the_model():
+    """The memory check divides each window's measured bytes by troll.memory's prediction for its micro-batch; a
+    measurement above 1.10x fails, and step 1 (gradients and AdamW states allocated) is predicted 12 B/param more."""
+    from troll import memory
+    from troll.config import Config
+
+    cfg = Config(logits_chunk=1024, grad_checkpointing=True)
+    params = memory.MEASURED["qwen2.5-0.5b"].params
+    excess = memory.peak_bytes("qwen2.5-0.5b", 600, True, True, 0.1) - memory.fixed_bytes(params)
+    windows = [
+        {"baseline": 10e9, "peak": 10e9 + excess + 12 * params, "tokens": (600, 0.1)},
+        {"baseline": 10e9, "peak": 10e9 + 0.5 * excess, "tokens": (600, 0.1)},
+    ]
+    status, detail, data = check.memory_check(cfg, "qwen2.5-0.5b", windows, "cpu", params)
+    assert status == "passed" and [round(r["ratio"], 6) for r in data["steps"]] == [1.0, 0.5]
+    windows[1]["peak"] = 10e9 + 1.2 * excess
+    assert check.memory_check(cfg, "qwen2.5-0.5b", windows, "cpu", params)[0] == "FAILED"
+    assert check.memory_check(cfg, "tiny", windows, "cpu", 1)[0].startswith("not applicable")
+
+
+def test_a_failed_check_exits_1_with_one_line(tmp_path, gsm8k_dir, monkeypatch, capsys):
+    """A loss that returns NaN: the run goes on (the steps are skipped), the finite-loss check fails, the exit
+    status is 1 and stderr ends with one line naming the check and the report (progress bars come before it)."""
+    real = check.LOSSES["troll"]
+
+    def nan_loss(*args, **kwargs):
+        loss, metrics = real(*args, **kwargs)
+        return loss * torch.nan, metrics
+
+    monkeypatch.setitem(check.LOSSES, "troll", nan_loss)
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    out = tmp_path / "check"
+    argv = ["--shape", "tiny", "--backend", "hf", "--data", str(gsm8k_dir), "--out", str(out)]
+    code = check.main(argv, isolate=False)  # in this process, so the patched loss is the run's
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if line.startswith("troll.check")]
+    assert code == 1 and len(err) == 1 and err[0].startswith("troll.check: FAILED finite loss: ")  # the last line
+    assert str(out / "report.md") in err[0]
+    report = read_report(out)
+    assert report["verdict"] == "FAILED: finite loss"
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--shape", "huge"], ["--shape", "invalid choice"]),
+        (["--steps", "0"], ["--steps", "must be >= 1"]),
+        (["--prompts", "two"], ["--prompts", "expected an integer"]),
+        (["--max_new_tokens", "-1"], ["--max_new_tokens", ">= 1"]),
+        (["--data", "/no/such/folder"], ["--data", "train.jsonl"]),
+        (["--model", "/no/such/model"], ["--model", "does not exist"]),
+        (["--shape", "tiny", "--model", "Qwen/Qwen2.5-0.5B-Instruct"], ["--shape tiny", "drop --model"]),
+        (["--out", str(ROOT / "README.md")], ["--out", "not an empty folder"]),
+        pytest.param(
+            ["--device", "cuda"],
+            ["--device cuda", "no CUDA"],
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU"),
+        ),
+    ],
+)
+def test_bad_flags_exit_2_with_one_line(argv, words):
+    res = command(*argv)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and lines[-1].startswith("python -m troll.check: error:"), res.stderr
+    assert all(w in lines[-1] for w in words), lines[-1]
+
+
+# ----------------------------------------------------------------------------- the GPU engine's sleep sequence
+
+
+class SleepyLLM:
+    """A stand-in for vllm.LLM's sleep-mode bookkeeping (its documented levels): level 1 offloads the weights to
+    CPU memory and frees the KV cache, level 2 discards both; wake_up(tags) brings back what it can; a reload
+    writes new weights. generate asserts the engine has its weights and KV cache, as a real engine needs."""
+
+    def __init__(self) -> None:
+        self.weights, self.kv, self.version, self.calls = "gpu", True, 0, []
+
+    def sleep(self, level: int) -> None:
+        self.weights, self.kv = ("cpu" if level == 1 else "lost"), False
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        if tags is None or "weights" in tags:
+            self.weights = "gpu" if self.weights == "cpu" else self.weights
+        if tags is None or "kv_cache" in tags:
+            self.kv = True
+
+    def collective_rpc(self, method: str, kwargs: dict) -> None:
+        assert method == "reload_weights" and self.weights != "cpu"  # woken before a reload
+        self.weights, self.version = "gpu", self.version + 1
+
+    def reset_prefix_cache(self) -> None:
+        pass
+
+    def generate(self, requests: list, params: object, use_tqdm: bool = False) -> list:
+        if self.weights != "gpu" or not self.kv:
+            raise AssertionError(f"generate on a sleeping engine (weights {self.weights}, KV cache {self.kv})")
+        self.calls.append(self.version)
+        logprobs = SimpleNamespace(logprobs=[-0.5], token_ids=[1])  # flat: the sampled token only (K = 0)
+        out = SimpleNamespace(token_ids=[1], index=0, finish_reason="stop", logprobs=logprobs)
+        return [SimpleNamespace(outputs=[out]) for _ in requests]
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("level", [1, 2])
+def test_engine_keeps_its_weights_through_the_training_loops_calls(level, monkeypatch):
+    """troll.train's order of engine calls on a GPU: push, evaluation (greedy), rollout, update, push, evaluation,
+    rollout, ... The engine sleeps after every call. At level 1 (the default) each call finds the weights of the
+    last push; level 2 discards them at the first sleep, so the rollout after an evaluation has none (a
+    RuntimeError before vLLM is asked)."""
+    pytest.importorskip("vllm")
+    import inspect
+
+    from troll.vllm_engine import VLLMGenerator
+
+    assert inspect.signature(VLLMGenerator).parameters["sleep_level"].default == 1  # what troll.train gets
+    gen = object.__new__(VLLMGenerator)  # the engine's own logic around a stand-in for vllm.LLM
+    gen.llm, gen.sleep_level, gen._asleep, gen._weights_lost = SleepyLLM(), level, False, False
+    gen.vocab_size, gen.max_model_len, gen.max_top_k, gen.eos_token_ids = 100, 64, 4, [2]
+    monkeypatch.setattr(VLLMGenerator, "check_sync", lambda self, model: 0.0)
+    model = torch.nn.Linear(2, 2)
+    gen.push_weights(model)
+    gen.greedy([[5, 6]], 4)  # the evaluation before RL
+    if level == 2:
+        with pytest.raises(RuntimeError, match="lost its weights"):
+            gen.generate([[5, 6]], 1, 4)
+        return
+    for _ in range(2):  # rollout, (update), push, evaluation
+        gen.generate([[5, 6]], 1, 4)
+        gen.push_weights(model)
+        gen.greedy([[5, 6]], 4)
+    assert gen.llm.calls == [1, 1, 2, 2, 3]  # every call saw the weights of the push before it

