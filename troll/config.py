@@ -60,9 +60,15 @@ def opt(default: Any, help: str, choices: tuple[str, ...] | None = None, parse: 
 @dataclass
 class Config:
     # what to train
-    task: str = opt("addition", "the task: addition (tiny CPU task) or gsm8k", ("addition", "gsm8k"))
+    task: str = opt(
+        "addition",
+        "the task: addition (tiny CPU task), rare (addition, rewarded only in a format the warm-start writes 1% of "
+        "the time: troll.addition) or gsm8k",
+        ("addition", "rare", "gsm8k"),
+    )
     reverse_sum: bool = opt(True, 'addition: the sum written least-significant digit first ("04+85=" -> "980")')
     model: str = opt("tiny", '"tiny" builds the local tiny Llama; otherwise a hub name or a local HF directory')
+    vocab_size: int = opt(0, "tiny model: grow its 260-token tokenizer to this many tokens, unused ones (0: keep 260)")
     data: str = opt("openai/gsm8k", "GSM8K source: hub name or a folder with {train,test}.jsonl")
     chat: bool = opt(False, "GSM8K prompts through the tokenizer's chat template (instruct models)")
     # the objective
@@ -224,6 +230,7 @@ class Config:
         if not isinstance(data, dict):
             raise ValueError(f"{path}: expected a JSON object of config fields, got {type(data).__name__}")
         defaults = {f.name: f.default for f in fields(cls)}
+        data = ADDED | data  # a config saved before a field in ADDED existed ran with its value
         unknown, missing = sorted(set(data) - set(defaults)), sorted(set(defaults) - set(data))
         if unknown:
             raise ValueError(f"{path}: unknown config fields {unknown}")
@@ -240,11 +247,15 @@ class Config:
 
 
 NOT_SETTINGS = ("out", "resume")  # where and how a run is started, not what it is
+# Fields added after runs were recorded, with the value that reproduces what every run before them did: a saved
+# config or results row without one ran with that value (`settings`, `Config.load`).
+ADDED = {"vocab_size": 0}
 
 
 def settings(fields: dict[str, Any]) -> dict[str, Any]:
-    """A config's fields (a dict, e.g. a saved config.json) less where and how the run was started: what it is."""
-    return {k: v for k, v in fields.items() if k not in NOT_SETTINGS}
+    """A config's fields (a dict, e.g. a saved config.json) less where and how the run was started: what it is;
+    a field in ADDED that it lacks has the value it ran with."""
+    return {k: v for k, v in (ADDED | fields).items() if k not in NOT_SETTINGS}
 
 
 # What may differ when a run is resumed (troll.harness applies and records it); every other field is the run's.
@@ -292,7 +303,7 @@ def check(cfg: Config) -> list[str]:
     need(1 <= cfg.is_cap < math.inf, f"is_cap must be >= 1 and finite, got {cfg.is_cap}")
     need(0 < cfg.vllm_gpu_memory <= 1, f"vllm_gpu_memory must be in (0, 1], got {cfg.vllm_gpu_memory}")
     zero_ok = "micro_batch_tokens logits_chunk warmup_steps sft_steps eval_size samples_to_log kl_update_vocab seed"
-    zero_ok += " staleness"
+    zero_ok += " staleness vocab_size"
     for name in (f.name for f in fields(cfg) if types[f.name] is int):  # counts: >= 1, or >= 0 where 0 is allowed
         low = 0 if name in zero_ok.split() else 1
         need(getattr(cfg, name) >= low, f"{name} must be >= {low}, got {getattr(cfg, name)}")
@@ -306,6 +317,9 @@ def check(cfg: Config) -> list[str]:
         cfg.is_correction == "none" or cfg.old_policy == "recompute",
         "is_correction corrects the recomputed anchor; old_policy=behaviour anchors at the sampler itself",
     )
+    need(cfg.vocab_size == 0 or cfg.model == "tiny", "vocab_size grows the tiny model's tokenizer (--model tiny)")
+    need(cfg.vocab_size == 0 or cfg.vocab_size >= 260, f"vocab_size must be 0 or >= 260 (the tiny tokenizer's size), "
+         f"got {cfg.vocab_size}")  # fmt: skip
     need(bool(cfg.model), "model must not be empty")
     need(bool(cfg.out), "out must not be empty")
     return problems
