@@ -263,8 +263,12 @@ def t_interval(diffs: Sequence[float]) -> tuple[float, float]:
 def _cell_order(key: tuple) -> tuple:
     """Sort key of (lr, source, anchor, loss, setting): the study's own orders."""
     lr, source, anchor, loss, setting = key
-    return lr, list(SOURCES).index(source), list(ANCHORS).index(anchor), LOSSES.index(loss), list(SETTINGS).index(
-        setting
+    return (
+        lr,
+        list(SOURCES).index(source),
+        list(ANCHORS).index(anchor),
+        LOSSES.index(loss),
+        list(SETTINGS).index(setting),
     )
 
 
@@ -412,7 +416,7 @@ def report_best(rows: Sequence[dict], loss: str = "troll", baseline: str = BASEL
     return "\n".join(lines)
 
 
-def plot_paired(rows: Sequence[dict], out: Path) -> Path:
+def plot_paired(rows: Sequence[dict], out: Path, stem: str = "offpolicy") -> Path:
     """One panel per learning rate: each loss's paired difference to PPO-clip, per cell, with its 95% interval."""
     from matplotlib.figure import Figure
 
@@ -435,7 +439,62 @@ def plot_paired(rows: Sequence[dict], out: Path) -> Path:
         ax.legend(fontsize=8)
     fig.tight_layout()
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "offpolicy_paired.png"
+    path = out / f"{stem}_paired.png"
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def plot_settings(rows: Sequence[dict], out: Path, stem: str) -> Path:
+    """One panel per cell: every (loss, setting)'s paired difference to PPO-clip at its default, 95% interval;
+    each loss's best setting filled."""
+    from matplotlib.figure import Figure
+
+    cells, best = paired(rows), best_settings(rows)
+    keys = list(dict.fromkeys((c["lr"], c["source"], c["anchor"]) for c in cells))
+    fig = Figure(figsize=(11, 3.6 * len(keys)))
+    for ax, key in zip(fig.subplots(len(keys), 1, squeeze=False)[:, 0], keys, strict=True):
+        mine = [c for c in cells if (c["lr"], c["source"], c["anchor"]) == key]
+        for i, c in enumerate(mine):
+            chosen = best.get((*key, c["loss"])) == c["setting"]
+            ax.errorbar([i], [c["diff"]], yerr=[0.0 if math.isnan(c["half"]) else c["half"]], fmt="o", capsize=3,
+                        color=f"C{LOSSES.index(c['loss'])}", mfc=None if chosen else "white")  # fmt: skip
+        ax.axhline(0.0, color="black", lw=0.8)
+        ax.set_xticks(range(len(mine)), [_label(c).replace(" ", "\n") for c in mine], fontsize=8)
+        ax.set_ylabel("final accuracy - PPO-clip's")
+        ax.set_title(f"lr {key[0]:g}, {key[1]}, {key[2]}: paired difference to PPO-clip (0.2), 95% interval; "
+                     "filled: the loss's best setting", fontsize=10)  # fmt: skip
+    fig.tight_layout()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{stem}_settings.png"
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def plot_adoption(rows: Sequence[dict], out: Path, stem: str, threshold: float = THRESHOLD) -> Path:
+    """One panel per cell: the share of each step's samples that show the rare behaviour, per loss and setting,
+    mean over seeds with the seeds' range shaded."""
+    from matplotlib.figure import Figure
+
+    by = by_run(rows)
+    keys = sorted({k[:3] for k in by}, key=lambda k: _cell_order((*k, "troll", "default")))
+    fig = Figure(figsize=(6 * len(keys), 4))
+    for ax, key in zip(fig.subplots(1, len(keys), squeeze=False)[0], keys, strict=True):
+        variants = sorted({k[3:5] for k in by if k[:3] == key}, key=lambda v: _cell_order((*key, *v)))
+        for j, (loss, setting) in enumerate(variants):
+            curves = [r["behaviour_rate"] for k, r in by.items() if k[:5] == (*key, loss, setting)]
+            steps = range(1, min(map(len, curves)) + 1)
+            per_step = list(zip(*(c[: len(steps)] for c in curves), strict=True))
+            label = loss if setting == "default" else f"{loss} {setting}"
+            ax.plot(steps, [statistics.fmean(x) for x in per_step], color=f"C{j}", label=f"{label} ({len(curves)})")
+            ax.fill_between(steps, [min(x) for x in per_step], [max(x) for x in per_step], color=f"C{j}", alpha=0.15)
+        ax.axhline(threshold, color="gray", lw=0.8, ls="--")
+        ax.set_xlabel("RL step")
+        ax.set_ylabel("share of samples with the rare behaviour")
+        ax.set_title(f"lr {key[0]:g}, {key[1]}, {key[2]}: mean over seeds, range shaded", fontsize=10)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{stem}_adoption.png"
     fig.savefig(path, dpi=110)
     return path
 
@@ -445,13 +504,21 @@ def plot_paired(rows: Sequence[dict], out: Path) -> Path:
 
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
-    p.add_argument("--task", default="addition", choices=list(TASKS),
-                   help="the main job's task, or its rare-behaviour variant (troll.addition); default: %(default)s")
+    p.add_argument(
+        "--task",
+        default="addition",
+        choices=list(TASKS),
+        help="the main job's task, or its rare-behaviour variant (troll.addition); default: %(default)s",
+    )
     p.add_argument("--vocab_size", type=int, default=0,
                    help="the warm-start's tokenizer grown to this many tokens (troll.tiny.pad_vocab; 0: its 260); "
                    "default: %(default)s")  # fmt: skip
-    p.add_argument("--threshold", type=float, default=THRESHOLD,
-                   help="the rare task's report: adopted once this share of a step's samples shows the behaviour")
+    p.add_argument(
+        "--threshold",
+        type=float,
+        default=THRESHOLD,
+        help="the rare task's report: adopted once this share of a step's samples shows the behaviour",
+    )
     p.add_argument("--out", default="runs/offpolicy", help="one folder per run in here; default: %(default)s")
     p.add_argument("--results", default="study/offpolicy.jsonl", help="results file; default: %(default)s")
     p.add_argument("--sources", nargs="+", default=list(SOURCES), choices=list(SOURCES))
@@ -495,8 +562,13 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
             print(report(rows, args.baseline, args.threshold))
             if best := report_best(rows, "troll", args.baseline):
                 print(f"\nEach loss at its own best setting (by mean final accuracy):\n{best}")
-        if args.figures:
-            print(plot_paired(rows, Path(args.figures)))
+        if args.figures:  # named after the results file: offpolicy.jsonl -> offpolicy_paired.png
+            stem = Path(args.results).stem
+            print(plot_paired(rows, Path(args.figures), stem))
+            if any(setting_of(r) != "default" for r in rows):
+                print(plot_settings(rows, Path(args.figures), stem))
+            if all("behaviour_rate" in r for r in rows):
+                print(plot_adoption(rows, Path(args.figures), stem, args.threshold))
         return rows
     runs, done = grid(args), read_results(Path(args.results))
     for run in runs:  # a run recorded, or in its folder, with other settings is not counted as done

@@ -14,6 +14,8 @@ Presets:
     tiny-cpu            Config's defaults: 2-digit addition on a tiny local Llama, a supervised warm-start, then
                         250 TROLL steps on CPU
     tiny-stale          the same task off-policy: rollouts 2 steps stale, lr 3e-4, anchored at the sampler, 40 steps
+    tiny-rare           tiny-stale on the rare-behaviour task (a rewarded answer format the warm-start writes 1% of
+                        the time) with a 1,024-token vocabulary: how fast each loss adopts a rare good token
     gsm8k-qwen2.5-0.5b  GSM8K on one GPU: vLLM rollouts, bf16, chunked output layer, gradient checkpointing
     gsm8k-qwen3-0.6b    the same recipe for Qwen3-0.6B, with half the micro-batch
 """
@@ -183,7 +185,8 @@ class Config:
             "--preset",
             default=None,
             choices=list(PRESETS),
-            help="tiny-cpu (the defaults below: addition, tiny local model, CPU), tiny-stale (stale rollouts) or a "
+            help="tiny-cpu (the defaults below: addition, tiny local model, CPU), tiny-stale (stale rollouts), "
+            "tiny-rare (a rare rewarded format) or a "
             "GSM8K GPU recipe (gsm8k-qwen2.5-0.5b, gsm8k-qwen3-0.6b); default: tiny-cpu",
         )
         types = typing.get_type_hints(cls)
@@ -347,6 +350,21 @@ PRESETS: dict[str, dict[str, Any]] = {
     # where the off-policy study saw the trust region matter most (docs/results.md): an asynchronous pipeline of
     # depth 2 at 3x the learning rate, anchored at the sampler; --loss cispo is the same without a trust region
     "tiny-stale": dict(staleness=2, old_policy="behaviour", lr=3e-4, steps=40, eval_every=10, save_every=10),
+    # the rewarded answer format starts rare (1% of the warm-start's samples) on a 1,024-token vocabulary, in the
+    # off-policy cell where the trust region binds: TROLL adopts it, PPO-clip's ratio clip holds it back
+    # (docs/results.md#a-rare-rewarded-behaviour-the-sequence-task); --loss ppo_clip for the comparison
+    "tiny-rare": dict(
+        task="rare",
+        vocab_size=1024,
+        staleness=2,
+        old_policy="behaviour",
+        lr=3e-4,
+        steps=40,
+        eval_every=20,
+        save_every=20,
+        kl_update_vocab=4096,
+        out="runs/tiny-rare",
+    ),  # fmt: skip
     "gsm8k-qwen2.5-0.5b": dict(_GSM8K_GPU, model="Qwen/Qwen2.5-0.5B-Instruct", out="runs/gsm8k-qwen2.5-0.5b"),
     # 8,192 tokens: troll.memory leaves 16,384 too close to a 24 GB GPU's budget beside vLLM for this model
     "gsm8k-qwen3-0.6b": dict(_GSM8K_GPU, model="Qwen/Qwen3-0.6B", micro_batch_tokens=8192, out="runs/gsm8k-qwen3-0.6b"),
