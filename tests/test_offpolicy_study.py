@@ -172,5 +172,6 @@ def test_a_small_rare_task_grid_runs_end_to_end_and_its_warm_starts_are_kept_apa
     offpolicy.main(["--results", str(results), "--report"])
     assert "step rate >= 0.5" in capsys.readouterr().out
     with pytest.raises(SystemExit) as refused:
-        offpolicy.main([*argv[4:], "--dry-run"])  # the addition task from the rare task's warm-starts
-    assert refused.value.code == 2 and "was warm-started with --task rare" in capsys.readouterr().err
+        offpolicy.main(["--seeds", "0", "--lrs", "1e-4", "--sources", "none", "--losses", "dppo", "--sft_steps",
+                        "20", "--out", str(out), "--results", str(tmp_path / "other.jsonl"), "--dry-run"])  # fmt: skip
+    assert refused.value.code == 2 and "was warm-started with --task rare" in capsys.readouterr().err  # addition
