@@ -99,21 +99,29 @@ def test_a_setting_runs_with_its_own_loss_and_keeps_the_old_names():
 
 
 @pytest.mark.parametrize(
-    "results, settings",
-    [("study/offpolicy.jsonl", ["default"]), ("study/sweep.jsonl", ["default", *offpolicy.SWEEP])],
+    "results, extra",
+    [
+        ("study/offpolicy.jsonl", []),
+        ("study/sweep.jsonl", []),
+        ("study/rare.jsonl", ["--task", "rare", "--vocab_size", "1024", "--out", "runs/rare"]),
+    ],
 )
-def test_the_committed_rows_are_what_the_grid_makes_now(results, settings, tmp_path, monkeypatch, capsys):
-    """Every committed row (written before the setting dimension, or by the sweep) matches the config the grid
-    makes now, so the study counts it as done: nothing is refused or re-run."""
+def test_the_committed_rows_are_what_the_grid_makes_now(results, extra, tmp_path, monkeypatch, capsys):
+    """Every committed row (written before the setting dimension, by the sweep, or by the rare-task study) matches
+    the config the grid makes now, so the study counts it as done: nothing is refused or re-run."""
     monkeypatch.chdir(tmp_path)  # no run folders or warm-starts of this machine's own
     rows = list(offpolicy.read_results(REPO / results).values())
     cells = {(r["lr"], r["source"], r["anchor"]) for r in rows}
     for lr, source, anchor in sorted(cells):
-        argv = ["--dry-run", "--results", str(REPO / results), "--lrs", str(lr), "--sources", source, "--anchors",
-                anchor, "--losses", *sorted({r["loss"] for r in rows}), "--settings", *settings]  # fmt: skip
-        offpolicy.main(argv)
-        n = sum((r["lr"], r["source"], r["anchor"]) == (lr, source, anchor) for r in rows)
-        assert capsys.readouterr().out.startswith(f"{n} runs, {n} done, 0 to run"), (lr, source, anchor)
+        mine = [r for r in rows if (r["lr"], r["source"], r["anchor"]) == (lr, source, anchor)]
+        for loss in sorted({r["loss"] for r in mine}):
+            for setting in sorted({offpolicy.setting_of(r) for r in mine if r["loss"] == loss}):
+                seeds = [str(r["seed"]) for r in mine if (r["loss"], offpolicy.setting_of(r)) == (loss, setting)]
+                cell = ["--lrs", str(lr), "--sources", source, "--anchors", anchor, "--losses", loss]
+                offpolicy.main(["--dry-run", "--results", str(REPO / results), *cell, "--settings", setting,
+                                "--seeds", *seeds, *extra])  # fmt: skip
+                n = len(seeds)
+                assert capsys.readouterr().out.startswith(f"{n} runs, {n} done, 0 to run"), (source, loss, setting)
 
 
 def test_best_against_best_picks_each_losss_best_setting_and_its_held_out_choice():
