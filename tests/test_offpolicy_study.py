@@ -155,7 +155,9 @@ def test_adoption_is_the_first_step_past_the_threshold_and_is_paired_like_accura
     assert cells["troll"]["adopt"] == pytest.approx((2 + 3 + 1) / 3) and cells["troll"]["adopted"] == 2
     assert cells["troll"]["adopt_diff"][0] == pytest.approx((-1 + 0 - 1) / 3)  # seeds: 2-3, 3-3, 1-2
     assert cells["ppo_clip"]["rate_last"] == pytest.approx(0.3)
-    assert "| troll | 3 | 0.233 | 0.467 | 2.0 | -0.7 ± 1.4 | 2/3 |" in offpolicy.report(rows)
+    assert cells["troll"]["rate_diff"][0] == pytest.approx((0.6 + 0.0 - 0.1) / 3)  # last steps, seed by seed
+    assert cells["troll"]["rate_diff"][1] == pytest.approx(4.302653 * statistics.stdev([0.6, 0.0, -0.1]) / math.sqrt(3))
+    assert "| troll | 3 | 0.233 | 0.467 | +0.167 ± 0.940 | 2.0 | -0.7 ± 1.4 | 2/3 |" in offpolicy.report(rows)
 
 
 @pytest.mark.slow
