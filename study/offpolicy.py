@@ -541,6 +541,7 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dry-run", action="store_true", help="list the grid, run nothing")
     p.add_argument("--report", action="store_true", help="print the paired table of the results file")
     p.add_argument("--baseline", default=BASELINE, choices=list(LOSSES), help="the report's paired baseline")
+    p.add_argument("--name", default="offpolicy", help="the figures' file names start with this; default: %(default)s")
     p.add_argument("--figures", default=None, help="draw the paired figure of the results file into this folder")
     args = p.parse_args(argv)
     for name in ("steps", "eval_size", "sft_steps", "jobs"):
@@ -567,8 +568,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
             print(report(rows, args.baseline, args.threshold))
             if best := report_best(rows, "troll", args.baseline):
                 print(f"\nEach loss at its own best setting (by mean final accuracy):\n{best}")
-        if args.figures:  # named after the results file: offpolicy.jsonl -> offpolicy_paired.png
-            stem = Path(args.results).stem
+        if args.figures:  # <name>_paired.png, and _settings / _adoption where the rows have them
+            stem = args.name
             print(plot_paired(rows, Path(args.figures), stem))
             if any(setting_of(r) != "default" for r in rows):
                 print(plot_settings(rows, Path(args.figures), stem))
