@@ -31,6 +31,12 @@ Design, stated once:
   study/run.py (`--jobs N`: N spawned processes, cores / N torch threads each).
 - Report: per cell (lr, source, anchor) and loss, the mean final accuracy, the mean paired difference to PPO-clip
   over seeds with its 95% t-interval, and how many runs ended below their warm-start.
+- Settings (`--settings`, `SETTINGS`): each loss's trust-region size (TROLL's eps, PPO-clip's range, clip-higher);
+  `default` keeps a run's old name. Where both losses ran several, the report adds each at its own best setting
+  (the best mean final accuracy), paired, and the same with the settings chosen without each seed
+  (`best_vs_best`; docs/algorithm.md, section 11).
+- Task (`--task rare --vocab_size N`): the rare-behaviour variant (troll.addition); its warm-start records how often
+  the behaviour appears, its rows the behaviour's rate per step, and the report how fast each loss adopts it.
 """
 
 from __future__ import annotations
