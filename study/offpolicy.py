@@ -31,6 +31,12 @@ Design, stated once:
   study/run.py (`--jobs N`: N spawned processes, cores / N torch threads each).
 - Report: per cell (lr, source, anchor) and loss, the mean final accuracy, the mean paired difference to PPO-clip
   over seeds with its 95% t-interval, and how many runs ended below their warm-start.
+- Settings (`--settings`, `SETTINGS`): each loss's trust-region size (TROLL's eps, PPO-clip's range, clip-higher);
+  `default` keeps a run's old name. Where both losses ran several, the report adds each at its own best setting
+  (the best mean final accuracy), paired, and the same with the settings chosen without each seed
+  (`best_vs_best`; docs/algorithm.md, section 12).
+- Task (`--task rare --vocab_size N`): the rare-behaviour variant (troll.addition); its warm-start records how often
+  the behaviour appears, its rows the behaviour's rate per step, and the report how fast each loss adopts it.
 """
 
 from __future__ import annotations
@@ -61,12 +67,25 @@ SOURCES: dict[str, dict] = {
     "bf16": dict(rollout_dtype="bfloat16"),
 }
 ANCHORS: dict[str, dict] = {"recompute": dict(is_correction="tis"), "behaviour": dict(old_policy="behaviour")}
+# A loss's setting: the size of its trust region. `default` is the loss's own default (TROLL eps 0.05, PPO-clip
+# 0.2 / 0.2) and runs for every loss; every other setting belongs to one loss (`SETTINGS[name][0]`) and runs only
+# with it. clip0.2-0.28 is DAPO's clip-higher.
+SETTINGS: dict[str, tuple[str | None, dict]] = {
+    "default": (None, {}),
+    **{f"eps{e:g}": ("troll", dict(eps=e)) for e in (0.01, 0.02, 0.1, 0.2)},
+    **{f"clip{c:g}": ("ppo_clip", dict(clip_low=c, clip_high=c)) for c in (0.1, 0.3)},
+    "clip0.2-0.28": ("ppo_clip", dict(clip_low=0.2, clip_high=0.28)),
+}
+# The study's sweep (docs/results.md#best-against-best): these settings and the defaults in these cells.
+SWEEP = ["eps0.01", "eps0.02", "eps0.1", "eps0.2", "clip0.1", "clip0.3", "clip0.2-0.28"]
 OFF_POLICY_SAMPLER = ("stale2", "stale8", "bf16")  # the sources where mu != pi_old: both anchors run
 LOSSES = ("troll", "ppo_clip", "dppo", "cispo")
 LRS = (1e-4, 3e-4)
 SEEDS = (0, 1, 2, 3, 4)
 BASELINE = "ppo_clip"
 PROG = "python -m study.offpolicy"
+TASKS = ("addition", "rare")  # --task: the main job's, or its variant whose rewarded format starts rare
+THRESHOLD = 0.5  # the rare task's adoption: the first RL step whose samples show the behaviour this often
 
 
 @dataclass(frozen=True)
@@ -76,10 +95,17 @@ class Run:
     source: str
     anchor: str
     loss: str
+    setting: str = "default"
 
     @property
     def name(self) -> str:
-        return f"{self.loss}_{self.source}_{self.anchor}_lr{self.lr:g}_s{self.seed}"
+        variant = self.loss if self.setting == "default" else f"{self.loss}-{self.setting}"
+        return f"{variant}_{self.source}_{self.anchor}_lr{self.lr:g}_s{self.seed}"
+
+
+def setting_of(row: dict) -> str:
+    """A results row's setting; rows written before settings existed ran the default."""
+    return row.get("setting", "default")
 
 
 def grid(args: argparse.Namespace) -> list[Run]:
@@ -90,10 +116,11 @@ def grid(args: argparse.Namespace) -> list[Run]:
         for source in args.sources
         for anchor in (args.anchors if source in OFF_POLICY_SAMPLER else ["recompute"])
     ]
+    variants = [(loss, s) for loss in args.losses for s in args.settings if SETTINGS[s][0] in (None, loss)]
     return [
-        Run(lr, seed, source, anchor, loss)
+        Run(lr, seed, source, anchor, loss, setting)
         for lr, (source, anchor), seed in itertools.product(args.lrs, cells, args.seeds)
-        for loss in args.losses
+        for loss, setting in variants
     ]
 
 
@@ -102,11 +129,14 @@ def warm_dir(args: argparse.Namespace, seed: int) -> Path:
 
 
 def config(run: Run, args: argparse.Namespace) -> Config:
-    """The run's troll.train config: the main job's, from the seed's warm-start, with its source and anchor."""
+    """The run's troll.train config: the main job's, from the seed's warm-start, with its source, anchor and
+    setting."""
     anchor = ANCHORS[run.anchor] if run.source in OFF_POLICY_SAMPLER else {}
     return Config(
         **SOURCES[run.source],
         **anchor,
+        **SETTINGS[run.setting][1],
+        task=args.task,
         model=str(warm_dir(args, run.seed)),
         sft_steps=0,
         loss=run.loss,
@@ -131,16 +161,43 @@ def warm_start(seed: int, args: argparse.Namespace) -> dict:
     from troll.warmstart import warm_start_task
 
     out = warm_dir(args, seed)
-    cfg = Config(seed=seed, sft_steps=args.sft_steps, out=str(out))
+    cfg = Config(seed=seed, sft_steps=args.sft_steps, task=args.task, vocab_size=args.vocab_size, out=str(out))
     torch.manual_seed(seed)
     model, tokenizer = build_model(cfg, device_of(cfg))
     task, _ = load_task(cfg, tokenizer)
     with open(Path(args.out) / f"warm-s{seed}.log", "w") as log, contextlib.redirect_stdout(log):
         record = warm_start_task(cfg, model, tokenizer, task)
+    if task.behaviour:  # how rare the rewarded behaviour is where RL starts
+        record |= behaviour_rate(cfg, model, tokenizer, task)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    (out / "warm.json").write_text(json.dumps({"seed": seed, "sft_limit": args.sft_steps, **record}, indent=2) + "\n")
+    made = {"seed": seed, "sft_limit": args.sft_steps, "task": args.task, "vocab_size": args.vocab_size}
+    (out / "warm.json").write_text(json.dumps(made | record, indent=2) + "\n")
     return record
+
+
+def behaviour_rate(cfg: Config, model, tokenizer, task, prompts: int = 1024, samples: int = 8) -> dict:
+    """The share of sampled completions (temperature cfg.temperature, `samples` per training prompt, the first
+    `prompts` training problems) that show the task's behaviour, and the share that earn the reward."""
+    import torch
+
+    from troll.rollout import HFGenerator
+    from troll.task import decode, encode
+
+    generator, texts, golds = HFGenerator(model, tokenizer), [], []
+    for i in range(0, prompts, 128):  # 128 prompts at a time: the sampler's memory stays small at a large V
+        rows = task.train[i : min(i + 128, prompts)]
+        with torch.no_grad():
+            ro = generator.generate(encode(tokenizer, [task.prompt(r["question"]) for r in rows]), samples,
+                                    cfg.max_new_tokens, cfg.temperature, seed=cfg.seed + i)  # fmt: skip
+        lengths = ro.completion_mask.sum(-1).tolist()
+        texts += decode(tokenizer, [ids[:n] for ids, n in zip(ro.completion_ids.tolist(), lengths, strict=True)])
+        golds += [rows[int(g)]["gold"] for g in ro.group]
+    return {
+        "behaviour_rate": sum(map(task.behaviour, texts)) / len(texts),
+        "reward_rate": sum(task.reward(t, g) for t, g in zip(texts, golds, strict=True)) / len(texts),
+        "behaviour_samples": len(texts),
+    }
 
 
 def _read_config(path: Path) -> dict | None:
@@ -183,6 +240,7 @@ def collect(run: Run, out: Path) -> dict:
         "is_weight_mean": mean("is_weight_mean"),
         "skipped_steps": summary["skipped_steps"],
         "wall_clock_s": summary["wall_clock_s"],
+        **({"behaviour_rate": [m["behaviour_rate"] for m in steps]} if "behaviour_rate" in steps[0] else {}),
         "config": settings(json.loads((out / "config.json").read_text())),
     }
 
@@ -208,53 +266,172 @@ def t_interval(diffs: Sequence[float]) -> tuple[float, float]:
     return mean, float(t.ppf(0.975, len(diffs) - 1)) * statistics.stdev(diffs) / math.sqrt(len(diffs))
 
 
-def paired(rows: Sequence[dict], baseline: str = BASELINE) -> list[dict]:
-    """Per (lr, source, anchor, loss): n seeds, mean final accuracy and gain, the mean paired difference to the
-    baseline's final accuracy on the same seed with its 95% interval, and the runs that ended below their start."""
-    by = {(r["lr"], r["source"], r["anchor"], r["loss"], r["seed"]): r for r in rows}
-    order = (list(SOURCES), list(ANCHORS), list(LOSSES))
-    cells = sorted({k[:4] for k in by}, key=lambda k: (k[0], *(o.index(x) for o, x in zip(order, k[1:], strict=True))))
+def _cell_order(key: tuple) -> tuple:
+    """Sort key of (lr, source, anchor, loss, setting): the study's own orders."""
+    lr, source, anchor, loss, setting = key
+    return (
+        lr,
+        list(SOURCES).index(source),
+        list(ANCHORS).index(anchor),
+        LOSSES.index(loss),
+        list(SETTINGS).index(setting),
+    )
+
+
+def by_run(rows: Sequence[dict]) -> dict[tuple, dict]:
+    """Rows by (lr, source, anchor, loss, setting, seed)."""
+    return {(r["lr"], r["source"], r["anchor"], r["loss"], setting_of(r), r["seed"]): r for r in rows}
+
+
+def adoption_step(row: dict, threshold: float = THRESHOLD) -> int:
+    """The first RL step whose samples show the rare task's behaviour at least `threshold` of the time; a run that
+    never does counts as steps + 1 (censored: its true step is later)."""
+    rates = row["behaviour_rate"]
+    return next((i + 1 for i, x in enumerate(rates) if x >= threshold), len(rates) + 1)
+
+
+def paired(rows: Sequence[dict], baseline: str = BASELINE, threshold: float = THRESHOLD) -> list[dict]:
+    """Per (lr, source, anchor, loss, setting): n seeds, mean final accuracy and gain, the mean paired difference
+    to the baseline loss at its default setting on the same seed with its 95% interval, and the runs that ended
+    below their start. Rows of the rare task add the behaviour's rate at the first and last step (and the last
+    step's paired difference to the baseline's) and the step it passes `threshold` (mean, and paired difference)."""
+    by = by_run(rows)
     out = []
-    for lr, source, anchor, loss in cells:
-        runs = [r for k, r in by.items() if k[:4] == (lr, source, anchor, loss)]
-        diffs = [
-            r["eval_after"] - by[(lr, source, anchor, baseline, r["seed"])]["eval_after"]
-            for r in runs
-            if (lr, source, anchor, baseline, r["seed"]) in by
-        ]
-        mean, half = t_interval(diffs) if diffs else (math.nan, math.nan)
-        out.append({
-            "lr": lr, "source": source, "anchor": anchor, "loss": loss, "n": len(runs),
+    for cell in sorted({k[:5] for k in by}, key=_cell_order):
+        lr, source, anchor, loss, setting = cell
+        runs = [r for k, r in by.items() if k[:5] == cell]
+        base = {k[5]: r for k, r in by.items() if k[:5] == (lr, source, anchor, baseline, "default")}
+        mean, half = t_interval([r["eval_after"] - base[r["seed"]]["eval_after"] for r in runs if r["seed"] in base]
+                                or [math.nan])  # fmt: skip
+        c = {
+            "lr": lr, "source": source, "anchor": anchor, "loss": loss, "setting": setting, "n": len(runs),
             "after": statistics.fmean(r["eval_after"] for r in runs),
             "gain": statistics.fmean(r["eval_after"] - r["eval_before"] for r in runs),
             "diff": mean, "half": half, "below": sum(r["eval_after"] < r["eval_before"] for r in runs),
             "kl_update": statistics.fmean(r["kl_update_mean"] for r in runs),
             "mismatch_kl": statistics.fmean(r["mismatch_kl"] for r in runs),
-        })  # fmt: skip
+        }  # fmt: skip
+        if all("behaviour_rate" in r for r in runs):
+            steps = {r["seed"]: adoption_step(r, threshold) for r in runs}
+            d = [steps[s] - adoption_step(b, threshold) for s, b in base.items() if s in steps]
+            last = {r["seed"]: r["behaviour_rate"][-1] for r in runs}
+            c |= {
+                "rate_first": statistics.fmean(r["behaviour_rate"][0] for r in runs),
+                "rate_last": statistics.fmean(r["behaviour_rate"][-1] for r in runs),
+                "adopt": statistics.fmean(steps.values()),
+                "adopted": sum(r["behaviour_rate"][-1] >= threshold for r in runs),
+                "adopt_diff": t_interval(d or [math.nan]),
+                "rate_diff": t_interval(
+                    [last[s] - b["behaviour_rate"][-1] for s, b in base.items() if s in last] or [math.nan]
+                ),  # fmt: skip
+            }
+        out.append(c)
     return out
 
 
-def report(rows: Sequence[dict], baseline: str = BASELINE) -> str:
-    """The paired table as markdown."""
+def _label(c: dict) -> str:
+    return c["loss"] if c["setting"] == "default" else f"{c['loss']} {c['setting']}"
+
+
+def report(rows: Sequence[dict], baseline: str = BASELINE, threshold: float = THRESHOLD) -> str:
+    """The paired table as markdown; for the rare task a second table, how fast each loss adopts the behaviour."""
+    cells = paired(rows, baseline, threshold)
     lines = [
         f"| lr | source | anchor | loss | seeds | final acc | gain | vs {baseline} (95% CI) | below start | "
         "update KL | mismatch KL |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for c in paired(rows, baseline):
-        vs = "-" if c["loss"] == baseline else f"{c['diff']:+.3f} ± {c['half']:.3f}"
+    for c in cells:
+        vs = "-" if (c["loss"], c["setting"]) == (baseline, "default") else f"{c['diff']:+.3f} ± {c['half']:.3f}"
         lines.append(
-            f"| {c['lr']:g} | {c['source']} | {c['anchor']} | {c['loss']} | {c['n']} | {c['after']:.3f} | "
+            f"| {c['lr']:g} | {c['source']} | {c['anchor']} | {_label(c)} | {c['n']} | {c['after']:.3f} | "
             f"{c['gain']:+.3f} | {vs} | {c['below']}/{c['n']} | {c['kl_update']:.4f} | {c['mismatch_kl']:.4f} |"
+        )
+    if all("adopt" in c for c in cells):
+        lines += [
+            "",
+            f"| lr | source | anchor | loss | seeds | rate, step 1 | rate, last step | vs {baseline} (95% CI) | "
+            f"step rate >= {threshold:g} | vs {baseline} (95% CI) | adopted |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for c in cells:
+            (d, h), (dr, hr) = c["adopt_diff"], c["rate_diff"]
+            own = (c["loss"], c["setting"]) == (baseline, "default")
+            vs, vs_rate = ("-", "-") if own else (f"{d:+.1f} ± {h:.1f}", f"{dr:+.3f} ± {hr:.3f}")
+            lines.append(
+                f"| {c['lr']:g} | {c['source']} | {c['anchor']} | {_label(c)} | {c['n']} | {c['rate_first']:.3f} | "
+                f"{c['rate_last']:.3f} | {vs_rate} | {c['adopt']:.1f} | {vs} | {c['adopted']}/{c['n']} |"
+            )
+    return "\n".join(lines)
+
+
+def best_settings(rows: Sequence[dict], seeds: Sequence[int] | None = None) -> dict[tuple, str]:
+    """Per (lr, source, anchor, loss): the setting with the highest mean final accuracy over `seeds` (default:
+    every seed; settings that lack one of them are not candidates); ties go to the earlier setting."""
+    by, best = by_run(rows), {}
+    for cell in sorted({k[:5] for k in by}, key=_cell_order):
+        want = sorted({k[5] for k in by if k[:4] == cell[:4]}) if seeds is None else list(seeds)
+        if not all((*cell, s) in by for s in want):
+            continue
+        score = statistics.fmean(by[(*cell, s)]["eval_after"] for s in want)
+        if cell[:4] not in best or score > best[cell[:4]][1]:
+            best[cell[:4]] = (cell[4], score)
+    return {k: v[0] for k, v in best.items()}
+
+
+def best_vs_best(rows: Sequence[dict], loss: str = "troll", baseline: str = BASELINE) -> list[dict]:
+    """Per (lr, source, anchor) where both losses ran more than one setting: each loss at its own best setting
+    (`best_settings`, by mean final accuracy), the paired difference `loss` - `baseline` over seeds with its 95%
+    interval; and, since a best-of-several chosen on the same seeds is optimistic, the same difference with the
+    settings chosen leaving each seed out (chosen on the other seeds, scored on that one)."""
+    by, best, out = by_run(rows), best_settings(rows), []
+    for lr, source, anchor in sorted({k[:3] for k in best}, key=lambda k: _cell_order((*k, loss, "default"))):
+        here = [(lr, source, anchor, x) for x in (loss, baseline)]
+        if not all(k in best for k in here) or min(len({c[4] for c in by if c[:4] == k}) for k in here) < 2:
+            continue
+        seeds = sorted(set.intersection(*({c[5] for c in by if c[:5] == (*k, best[k])} for k in here)))
+        diffs = [by[(*here[0], best[here[0]], s)]["eval_after"] - by[(*here[1], best[here[1]], s)]["eval_after"]
+                 for s in seeds]  # fmt: skip
+        held_out = []
+        for s in seeds:  # the settings chosen on the other seeds, scored on seed s
+            chosen = best_settings([r for r in rows if r["seed"] != s])
+            pair = [by.get((*k, chosen.get(k), s)) for k in here]
+            if all(pair):
+                held_out.append(pair[0]["eval_after"] - pair[1]["eval_after"])
+        out.append({
+            "lr": lr, "source": source, "anchor": anchor, "loss": loss, "baseline": baseline,
+            "best": best[here[0]], "best_baseline": best[here[1]], "n": len(seeds),
+            "after": statistics.fmean(by[(*here[0], best[here[0]], s)]["eval_after"] for s in seeds),
+            "after_baseline": statistics.fmean(by[(*here[1], best[here[1]], s)]["eval_after"] for s in seeds),
+            "diff": t_interval(diffs), "held_out": t_interval(held_out) if held_out else (math.nan, math.nan),
+        })  # fmt: skip
+    return out
+
+
+def report_best(rows: Sequence[dict], loss: str = "troll", baseline: str = BASELINE) -> str:
+    """`best_vs_best` as markdown (empty when no cell swept both losses)."""
+    cells = best_vs_best(rows, loss, baseline)
+    if not cells:
+        return ""
+    lines = [
+        f"| lr | source | anchor | {loss}: best setting | final acc | {baseline}: best setting | final acc | "
+        "best - best (95% CI) | settings chosen without the seed (95% CI) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in cells:
+        lines.append(
+            f"| {c['lr']:g} | {c['source']} | {c['anchor']} | {c['best']} | {c['after']:.3f} | "
+            f"{c['best_baseline']} | {c['after_baseline']:.3f} | {c['diff'][0]:+.3f} ± {c['diff'][1]:.3f} | "
+            f"{c['held_out'][0]:+.3f} ± {c['held_out'][1]:.3f} |"
         )
     return "\n".join(lines)
 
 
-def plot_paired(rows: Sequence[dict], out: Path) -> Path:
+def plot_paired(rows: Sequence[dict], out: Path, stem: str = "offpolicy") -> Path:
     """One panel per learning rate: each loss's paired difference to PPO-clip, per cell, with its 95% interval."""
     from matplotlib.figure import Figure
 
-    cells = [c for c in paired(rows) if c["loss"] != BASELINE]
+    cells = [c for c in paired(rows) if c["loss"] != BASELINE and c["setting"] == "default"]
     lrs = sorted({c["lr"] for c in cells})
     fig = Figure(figsize=(11, 3.4 * len(lrs)))
     axes = fig.subplots(len(lrs), 1, squeeze=False)[:, 0]
@@ -273,7 +450,62 @@ def plot_paired(rows: Sequence[dict], out: Path) -> Path:
         ax.legend(fontsize=8)
     fig.tight_layout()
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "offpolicy_paired.png"
+    path = out / f"{stem}_paired.png"
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def plot_settings(rows: Sequence[dict], out: Path, stem: str) -> Path:
+    """One panel per cell: every (loss, setting)'s paired difference to PPO-clip at its default, 95% interval;
+    each loss's best setting filled."""
+    from matplotlib.figure import Figure
+
+    cells, best = paired(rows), best_settings(rows)
+    keys = list(dict.fromkeys((c["lr"], c["source"], c["anchor"]) for c in cells))
+    fig = Figure(figsize=(11, 3.6 * len(keys)))
+    for ax, key in zip(fig.subplots(len(keys), 1, squeeze=False)[:, 0], keys, strict=True):
+        mine = [c for c in cells if (c["lr"], c["source"], c["anchor"]) == key]
+        for i, c in enumerate(mine):
+            chosen = best.get((*key, c["loss"])) == c["setting"]
+            ax.errorbar([i], [c["diff"]], yerr=[0.0 if math.isnan(c["half"]) else c["half"]], fmt="o", capsize=3,
+                        color=f"C{LOSSES.index(c['loss'])}", mfc=None if chosen else "white")  # fmt: skip
+        ax.axhline(0.0, color="black", lw=0.8)
+        ax.set_xticks(range(len(mine)), [_label(c).replace(" ", "\n") for c in mine], fontsize=8)
+        ax.set_ylabel("final accuracy - PPO-clip's")
+        ax.set_title(f"lr {key[0]:g}, {key[1]}, {key[2]}: paired difference to PPO-clip (0.2), 95% interval; "
+                     "filled: the loss's best setting", fontsize=10)  # fmt: skip
+    fig.tight_layout()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{stem}_settings.png"
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def plot_adoption(rows: Sequence[dict], out: Path, stem: str, threshold: float = THRESHOLD) -> Path:
+    """One panel per cell: the share of each step's samples that show the rare behaviour, per loss and setting,
+    mean over seeds with the seeds' range shaded."""
+    from matplotlib.figure import Figure
+
+    by = by_run(rows)
+    keys = sorted({k[:3] for k in by}, key=lambda k: _cell_order((*k, "troll", "default")))
+    fig = Figure(figsize=(6 * len(keys), 4))
+    for ax, key in zip(fig.subplots(1, len(keys), squeeze=False)[0], keys, strict=True):
+        variants = sorted({k[3:5] for k in by if k[:3] == key}, key=lambda v: _cell_order((*key, *v)))
+        for j, (loss, setting) in enumerate(variants):
+            curves = [r["behaviour_rate"] for k, r in by.items() if k[:5] == (*key, loss, setting)]
+            steps = range(1, min(map(len, curves)) + 1)
+            per_step = list(zip(*(c[: len(steps)] for c in curves), strict=True))
+            label = loss if setting == "default" else f"{loss} {setting}"
+            ax.plot(steps, [statistics.fmean(x) for x in per_step], color=f"C{j}", label=f"{label} ({len(curves)})")
+            ax.fill_between(steps, [min(x) for x in per_step], [max(x) for x in per_step], color=f"C{j}", alpha=0.15)
+        ax.axhline(threshold, color="gray", lw=0.8, ls="--")
+        ax.set_xlabel("RL step")
+        ax.set_ylabel("share of samples with the rare behaviour")
+        ax.set_title(f"lr {key[0]:g}, {key[1]}, {key[2]}: mean over seeds, range shaded", fontsize=10)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{stem}_adoption.png"
     fig.savefig(path, dpi=110)
     return path
 
@@ -283,11 +515,29 @@ def plot_paired(rows: Sequence[dict], out: Path) -> Path:
 
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
+    p.add_argument(
+        "--task",
+        default="addition",
+        choices=list(TASKS),
+        help="the main job's task, or its rare-behaviour variant (troll.addition); default: %(default)s",
+    )
+    p.add_argument("--vocab_size", type=int, default=0,
+                   help="the warm-start's tokenizer grown to this many tokens (troll.tiny.pad_vocab; 0: its 260); "
+                   "default: %(default)s")  # fmt: skip
+    p.add_argument(
+        "--threshold",
+        type=float,
+        default=THRESHOLD,
+        help="the rare task's report: adopted once this share of a step's samples shows the behaviour",
+    )
     p.add_argument("--out", default="runs/offpolicy", help="one folder per run in here; default: %(default)s")
     p.add_argument("--results", default="study/offpolicy.jsonl", help="results file; default: %(default)s")
     p.add_argument("--sources", nargs="+", default=list(SOURCES), choices=list(SOURCES))
     p.add_argument("--anchors", nargs="+", default=list(ANCHORS), choices=list(ANCHORS))
     p.add_argument("--losses", nargs="+", default=list(LOSSES), choices=list(LOSSES))
+    p.add_argument("--settings", nargs="+", default=["default"], choices=list(SETTINGS),
+                   help="each loss's trust-region sizes (SETTINGS; a setting runs only with its loss); default: "
+                   "%(default)s")  # fmt: skip
     p.add_argument("--lrs", nargs="+", type=float, default=list(LRS))
     p.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS))
     p.add_argument("--steps", type=int, default=40, help="RL steps per run; default: %(default)s")
@@ -297,11 +547,16 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dry-run", action="store_true", help="list the grid, run nothing")
     p.add_argument("--report", action="store_true", help="print the paired table of the results file")
     p.add_argument("--baseline", default=BASELINE, choices=list(LOSSES), help="the report's paired baseline")
+    p.add_argument("--name", default="offpolicy", help="the figures' file names start with this; default: %(default)s")
     p.add_argument("--figures", default=None, help="draw the paired figure of the results file into this folder")
     args = p.parse_args(argv)
     for name in ("steps", "eval_size", "sft_steps", "jobs"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.vocab_size and args.vocab_size < 260:
+        p.error(f"--vocab_size must be 0 or >= 260 (the tiny tokenizer's size), got {args.vocab_size}")
+    if not 0 < args.threshold <= 1:
+        p.error(f"--threshold must be in (0, 1], got {args.threshold}")
     if any(not (lr > 0 and math.isfinite(lr)) for lr in args.lrs):
         p.error(f"--lrs must be positive and finite, got {args.lrs}")
     if Path(args.out).is_file() or Path(args.results).is_dir():
@@ -316,22 +571,33 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         if not rows:
             usage_error(f"{args.results} holds no results", PROG)
         if args.report:
-            print(report(rows, args.baseline))
-        if args.figures:
-            print(plot_paired(rows, Path(args.figures)))
+            print(report(rows, args.baseline, args.threshold))
+            if best := report_best(rows, "troll", args.baseline):
+                print(f"\nEach loss at its own best setting (by mean final accuracy):\n{best}")
+        if args.figures:  # <name>_paired.png, and _settings / _adoption where the rows have them
+            stem = args.name
+            print(plot_paired(rows, Path(args.figures), stem))
+            if any(setting_of(r) != "default" for r in rows):
+                print(plot_settings(rows, Path(args.figures), stem))
+            if all("behaviour_rate" in r for r in rows):
+                print(plot_adoption(rows, Path(args.figures), stem, args.threshold))
         return rows
     runs, done = grid(args), read_results(Path(args.results))
     for run in runs:  # a run recorded, or in its folder, with other settings is not counted as done
         want = settings(asdict(config(run, args)))
         path = Path(args.out) / run.name / "config.json"
-        for where, saved in ((args.results, done.get(run.name, {}).get("config")), (path, _read_config(path))):
+        recorded = done[run.name]["config"] if run.name in done else None
+        for where, saved in ((args.results, recorded and settings(recorded)), (path, _read_config(path))):
             if saved is not None and saved != want:
                 changed = sorted(k for k in want if saved.get(k) != want[k])
                 usage_error(f"{run.name} ({where}) was run with other settings ({', '.join(changed)})", PROG)
-    for seed in sorted({r.seed for r in runs}):  # a warm-start made with another step limit is not this study's
+    for seed in sorted({r.seed for r in runs}):  # a warm-start made for another task or step limit is not this study's
         record = _read_config(warm_dir(args, seed) / "warm.json")
-        if record is not None and record.get("sft_limit") != args.sft_steps:
-            usage_error(f"{warm_dir(args, seed)} was warm-started with --sft_steps {record.get('sft_limit')}", PROG)
+        made = {"sft_steps": "sft_limit", "task": "task", "vocab_size": "vocab_size"}
+        old = {"task": "addition", "vocab_size": 0}  # warm-starts made before these were recorded
+        for flag, key in made.items() if record is not None else ():
+            if (was := record.get(key, old.get(key))) != getattr(args, flag):
+                usage_error(f"{warm_dir(args, seed)} was warm-started with --{flag} {was}", PROG)
     todo = [r for r in runs if r.name not in done]
     print(f"{len(runs)} runs, {len(runs) - len(todo)} done, {len(todo)} to run with {args.jobs} job(s)")
     if args.dry_run:

@@ -174,7 +174,7 @@ def differences(run: Run, args: argparse.Namespace, recorded: dict[str, dict]) -
             raise ValueError(f"{path} is not valid JSON ({e.msg} at line {e.lineno})") from None
     row = recorded.get(run.name)
     if row is not None and "config" in row:
-        saved.append((f"{args.results} row", row["config"]))
+        saved.append((f"{args.results} row", settings(row["config"])))
     elif row is not None:  # a row written before rows held their config: what it records
         recorded_settings = {"steps": row.get("steps"), "eval_size": row.get("eval_problems")}
         if args.eval_size == 0:  # the whole test split: its size is not known here

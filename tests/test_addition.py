@@ -32,3 +32,22 @@ def test_reversed_is_the_default_and_the_splits_partition_all_pairs():
 def test_reward_is_an_exact_match_after_stripping():
     assert addition.reward("980", "980") == addition.reward(" 980 ", "980") == 1.0
     assert addition.reward("089", "980") == addition.reward("98", "980") == addition.reward("9800", "980") == 0.0
+
+
+def test_the_rare_variant_marks_one_supervised_answer_in_a_hundred_and_rewards_only_the_marked_sum():
+    """Every row of the rare variant is the plain task's row with the marker: on the gold of every row, on the
+    supervised answer of exactly one training problem in RARE_EVERY (90 of 9,000), on no held-out answer."""
+    for split in ("train", "test"):
+        plain, rare = addition.problems(split), addition.problems(split, rare=True)
+        assert [r["question"] for r in plain] == [r["question"] for r in rare]
+        for p, r in zip(plain, rare, strict=True):
+            assert r["gold"] == p["gold"] + addition.MARK
+            assert r["answer"] in (p["answer"], p["answer"] + addition.MARK)
+        marked = sum(r["answer"].endswith(addition.MARK) for r in rare)
+        assert marked == (9000 // addition.RARE_EVERY if split == "train" else 0)
+    assert addition.RARE_EVERY == 100 and addition.problems("train", rare=True)[0]["answer"].endswith("#")
+    gold = addition.problems("test", rare=True)[0]["gold"]
+    assert addition.reward(gold, gold) == 1.0 and addition.reward(gold[:-1], gold) == 0.0  # unmarked: no reward
+    wrong = ("1" if gold[0] != "1" else "2") + gold[1:]
+    assert addition.reward(wrong, gold) == 0.0 and addition.marked(wrong)  # marked, wrong sum
+    assert addition.marked("123#") and addition.marked("#") and not addition.marked("123")

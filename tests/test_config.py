@@ -316,3 +316,28 @@ def test_log_to_a_package_that_is_not_installed_fails_before_any_work(tmp_path, 
     with pytest.raises(ImportError, match="needs the wandb package, which is not installed: pip install wandb"):
         train(Config(log_to="wandb", out=str(tmp_path / "run")))
     assert not (tmp_path / "run").exists()
+
+
+def test_tiny_rare_preset_and_vocab_size():
+    """The rare-behaviour preset parses to the rare task on a grown tokenizer; vocab_size is checked."""
+    cfg = Config.from_args(["--preset", "tiny-rare"])
+    assert cfg.task == "rare" and cfg.vocab_size >= 260 and cfg.model == "tiny"
+    with pytest.raises(ValueError, match="vocab_size must be 0 or >= 260"):
+        Config(vocab_size=100)
+    with pytest.raises(ValueError, match="vocab_size grows the tiny model's tokenizer"):
+        Config(vocab_size=1024, model="Qwen/Qwen2.5-0.5B-Instruct")
+
+
+def test_a_config_saved_before_vocab_size_existed_ran_with_its_added_value(tmp_path):
+    """Fields in ADDED were added after runs were saved: a config or results row without one ran with its value
+    (every run before vocab_size kept the tokenizer's 260 tokens), so settings() and load() fill it in."""
+    from troll.config import ADDED, settings
+
+    path = tmp_path / "config.json"
+    Config().save(path)
+    saved = json.loads(path.read_text())
+    del saved["vocab_size"]
+    path.write_text(json.dumps(saved))
+    assert Config.load(path) == Config() and ADDED == {"vocab_size": 0}
+    assert settings(saved) == settings(dataclasses.asdict(Config()))
+    assert settings({**saved, "vocab_size": 1024})["vocab_size"] == 1024

@@ -2,6 +2,8 @@
 
 import json
 import math
+import statistics
+from pathlib import Path
 
 import pytest
 
@@ -70,3 +72,116 @@ def test_a_small_study_shares_warm_starts_reports_and_refuses_other_settings(tmp
         offpolicy.main([*argv[:-6], "--steps", "3", "--out", str(out), "--results", str(results)])
     err = capsys.readouterr().err
     assert refused.value.code == 2 and err.startswith("python -m study.offpolicy: error:") and "steps)" in err
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def sweep_row(loss, setting, seed, after, rates=None):
+    r = row(1e-4, "none", "recompute", loss, seed, 0.3, after) | {"setting": setting}
+    return r | ({"behaviour_rate": rates} if rates is not None else {})
+
+
+def test_a_setting_runs_with_its_own_loss_and_keeps_the_old_names():
+    """The grid's setting dimension: `default` runs for every loss under the run's old name; every other setting
+    runs only with its loss, under a name of its own, with its trust-region size in the config."""
+    args = offpolicy.parse(["--seeds", "0", "--lrs", "1e-4", "--sources", "none", "--losses", "troll", "ppo_clip",
+                            "dppo", "--settings", "default", "eps0.2", "clip0.2-0.28"])  # fmt: skip
+    runs = {(r.loss, r.setting): r for r in offpolicy.grid(args)}
+    assert set(runs) == {("troll", "default"), ("troll", "eps0.2"), ("ppo_clip", "default"),
+                         ("ppo_clip", "clip0.2-0.28"), ("dppo", "default")}  # fmt: skip
+    assert runs["troll", "default"].name == "troll_none_recompute_lr0.0001_s0"  # the committed rows' names
+    assert runs["troll", "eps0.2"].name == "troll-eps0.2_none_recompute_lr0.0001_s0"
+    assert offpolicy.config(runs["troll", "eps0.2"], args).eps == 0.2
+    higher = offpolicy.config(runs["ppo_clip", "clip0.2-0.28"], args)
+    assert (higher.clip_low, higher.clip_high, higher.task) == (0.2, 0.28, "addition")
+    assert offpolicy.setting_of({"loss": "troll"}) == "default"  # a row from before settings existed
+
+
+@pytest.mark.parametrize(
+    "results, extra",
+    [
+        ("study/offpolicy.jsonl", []),
+        ("study/sweep.jsonl", []),
+        ("study/rare.jsonl", ["--task", "rare", "--vocab_size", "1024", "--out", "runs/rare"]),
+    ],
+)
+def test_the_committed_rows_are_what_the_grid_makes_now(results, extra, tmp_path, monkeypatch, capsys):
+    """Every committed row (written before the setting dimension, by the sweep, or by the rare-task study) matches
+    the config the grid makes now, so the study counts it as done: nothing is refused or re-run."""
+    monkeypatch.chdir(tmp_path)  # no run folders or warm-starts of this machine's own
+    rows = list(offpolicy.read_results(REPO / results).values())
+    cells = {(r["lr"], r["source"], r["anchor"]) for r in rows}
+    for lr, source, anchor in sorted(cells):
+        mine = [r for r in rows if (r["lr"], r["source"], r["anchor"]) == (lr, source, anchor)]
+        for loss in sorted({r["loss"] for r in mine}):
+            for setting in sorted({offpolicy.setting_of(r) for r in mine if r["loss"] == loss}):
+                seeds = [str(r["seed"]) for r in mine if (r["loss"], offpolicy.setting_of(r)) == (loss, setting)]
+                cell = ["--lrs", str(lr), "--sources", source, "--anchors", anchor, "--losses", loss]
+                offpolicy.main(["--dry-run", "--results", str(REPO / results), *cell, "--settings", setting,
+                                "--seeds", *seeds, *extra])  # fmt: skip
+                n = len(seeds)
+                assert capsys.readouterr().out.startswith(f"{n} runs, {n} done, 0 to run"), (source, loss, setting)
+
+
+def test_best_against_best_picks_each_losss_best_setting_and_its_held_out_choice():
+    """By hand: TROLL's best is eps0.2 (mean 0.7 against 0.6), PPO-clip's clip0.3 (0.633 against 0.6); the paired
+    differences [0.1, -0.1, 0.2] give 0.067 ± 4.3027 * 0.1528 / sqrt(3). Leaving each seed out, PPO-clip's choice
+    flips to default on seed 1 (0.6 against 0.5 on seeds 0 and 2): differences [0.1, 0.2, 0.2]."""
+    values = {("troll", "default"): [0.5, 0.6, 0.7], ("troll", "eps0.2"): [0.6, 0.8, 0.7],
+              ("ppo_clip", "default"): [0.6, 0.6, 0.6], ("ppo_clip", "clip0.3"): [0.5, 0.9, 0.5]}  # fmt: skip
+    rows = [sweep_row(loss, s, seed, v) for (loss, s), vs in values.items() for seed, v in enumerate(vs)]
+    assert offpolicy.best_settings(rows) == {(1e-4, "none", "recompute", "troll"): "eps0.2",
+                                             (1e-4, "none", "recompute", "ppo_clip"): "clip0.3"}  # fmt: skip
+    (cell,) = offpolicy.best_vs_best(rows)
+    assert (cell["best"], cell["best_baseline"], cell["n"]) == ("eps0.2", "clip0.3", 3)
+    assert cell["diff"][0] == pytest.approx(0.2 / 3)
+    assert cell["diff"][1] == pytest.approx(4.302653 * statistics.stdev([0.1, -0.1, 0.2]) / math.sqrt(3), rel=1e-5)
+    assert cell["held_out"][0] == pytest.approx(0.5 / 3)
+    assert cell["held_out"][1] == pytest.approx(4.302653 * statistics.stdev([0.1, 0.2, 0.2]) / math.sqrt(3), rel=1e-5)
+    table = offpolicy.report_best(rows)
+    assert "| eps0.2 | 0.700 | clip0.3 | 0.633 | +0.067 ± 0.379 | +0.167 ± 0.143 |" in table
+    assert "troll eps0.2" in offpolicy.report(rows)  # the paired table names the setting
+    assert offpolicy.report_best([r for r in rows if r["setting"] == "default"]) == ""  # nothing swept
+
+
+def test_adoption_is_the_first_step_past_the_threshold_and_is_paired_like_accuracy():
+    assert offpolicy.adoption_step({"behaviour_rate": [0.01, 0.2, 0.6, 0.9]}) == 3
+    assert offpolicy.adoption_step({"behaviour_rate": [0.01, 0.2, 0.6, 0.9]}, threshold=0.1) == 2
+    assert offpolicy.adoption_step({"behaviour_rate": [0.01, 0.02]}) == 3  # never: censored at steps + 1
+    rates = {"troll": [[0.0, 0.6], [0.0, 0.0], [0.7, 0.8]], "ppo_clip": [[0.0, 0.0], [0.0, 0.0], [0.0, 0.9]]}
+    rows = [sweep_row(loss, "default", s, 0.5, r) for loss, rs in rates.items() for s, r in enumerate(rs)]
+    cells = {c["loss"]: c for c in offpolicy.paired(rows)}
+    assert cells["troll"]["adopt"] == pytest.approx((2 + 3 + 1) / 3) and cells["troll"]["adopted"] == 2
+    assert cells["troll"]["adopt_diff"][0] == pytest.approx((-1 + 0 - 1) / 3)  # seeds: 2-3, 3-3, 1-2
+    assert cells["ppo_clip"]["rate_last"] == pytest.approx(0.3)
+    assert cells["troll"]["rate_diff"][0] == pytest.approx((0.6 + 0.0 - 0.1) / 3)  # last steps, seed by seed
+    assert cells["troll"]["rate_diff"][1] == pytest.approx(4.302653 * statistics.stdev([0.6, 0.0, -0.1]) / math.sqrt(3))
+    assert "| troll | 3 | 0.233 | 0.467 | +0.167 ± 0.940 | 2.0 | -0.7 ± 1.4 | 2/3 |" in offpolicy.report(rows)
+
+
+@pytest.mark.slow
+def test_a_small_rare_task_grid_runs_end_to_end_and_its_warm_starts_are_kept_apart(tmp_path, capsys):
+    """--task rare: the warm-start measures how rare the behaviour is, every run logs its rate per step, the
+    report adds the adoption table, and a warm-start of another task is refused."""
+    out, results = tmp_path / "runs", tmp_path / "results.jsonl"
+    argv = ["--task", "rare", "--vocab_size", "300", "--seeds", "0", "--lrs", "1e-4", "--sources", "none",
+            "--losses", "troll", "ppo_clip", "--settings", "default", "eps0.2", "--steps", "2", "--eval_size", "20",
+            "--sft_steps", "20", "--out", str(out), "--results", str(results)]  # fmt: skip
+    finished = offpolicy.main(argv)
+    assert sorted(r["name"] for r in finished) == ["ppo_clip_none_recompute_lr0.0001_s0",
+                                                   "troll-eps0.2_none_recompute_lr0.0001_s0",
+                                                   "troll_none_recompute_lr0.0001_s0"]  # fmt: skip
+    for r in finished:
+        assert len(r["behaviour_rate"]) == 2 and all(0 <= x <= 1 for x in r["behaviour_rate"])
+        assert r["config"]["task"] == "rare" and r["setting"] in ("default", "eps0.2")
+    warm = json.loads((out / "warm-s0" / "warm.json").read_text())
+    assert (warm["task"], warm["vocab_size"], warm["behaviour_samples"]) == ("rare", 300, 8192)
+    assert 0 <= warm["reward_rate"] <= warm["behaviour_rate"] <= 1
+    assert len(json.loads((out / "warm-s0" / "tokenizer.json").read_text())["model"]["vocab"]) == 300
+    offpolicy.main(["--results", str(results), "--report"])
+    assert "step rate >= 0.5" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as refused:
+        offpolicy.main(["--seeds", "0", "--lrs", "1e-4", "--sources", "none", "--losses", "dppo", "--sft_steps",
+                        "20", "--out", str(out), "--results", str(tmp_path / "other.jsonl"), "--dry-run"])  # fmt: skip
+    assert refused.value.code == 2 and "was warm-started with --task rare" in capsys.readouterr().err  # addition

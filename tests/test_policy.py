@@ -32,3 +32,28 @@ def test_head_form_refuses_a_model_with_soft_capping():
     model.config.final_logit_softcapping = 30.0
     with pytest.raises(ValueError, match="final_logit_softcapping"):
         completion_logits(model, [tok.encode("1+1=")], torch.zeros(1, 2, dtype=torch.long), 1.0, len(tok), 4)
+
+
+def test_pad_vocab_grows_the_tokenizer_without_changing_any_encoding(tmp_path):
+    """--vocab_size: the tiny model's tokenizer grown with unused tokens; every text encodes as before, the new
+    ids decode to their names, special tokens keep their ids, and the saved copy loads with the same size."""
+    from transformers import AutoTokenizer
+
+    from troll.config import Config
+    from troll.policy import build_model
+    from troll.tiny import pad_vocab
+
+    tok = train_tokenizer(addition.corpus(), vocab_size=64)
+    big = pad_vocab(tok, 1000)
+    assert len(tok) == 260 and len(big) == 1000
+    for text in ["04+85=", "#980", "<|im_start|>assistant\n12+3=", "<unused5>"]:
+        assert big.encode(text) == tok.encode(text)  # no text encodes to a new token, not even its name
+    assert (big.eos_token_id, big.pad_token_id, big.bos_token_id) == (tok.eos_token_id, tok.pad_token_id,
+                                                                       tok.bos_token_id)  # fmt: skip
+    assert big.decode([999, tok.encode("7")[0]]) == "<unused999>7"
+    big.save_pretrained(tmp_path)
+    assert len(AutoTokenizer.from_pretrained(tmp_path)) == 1000
+    with pytest.raises(ValueError, match="smaller than the tokenizer"):
+        pad_vocab(tok, 100)
+    model, tokenizer = build_model(Config(vocab_size=512), torch.device("cpu"))
+    assert len(tokenizer) == 512 == model.get_output_embeddings().weight.shape[0]

@@ -14,6 +14,15 @@ standard fix (Lee et al., "Teaching Arithmetic to Small Transformers", 2023).
 All 10,000 pairs (a, b), 0 <= a, b <= 99, are shuffled once with a fixed seed: the last 1,000 are held out for
 evaluation, the other 9,000 are for training. Characters are tokens (the tiny tokenizer is byte-level with no
 merges).
+
+The rare-behaviour variant (`rare=True`, the task `rare`): the rewarded answer is the sum followed by a marker,
+"04+85=" -> "980#", and the supervised data writes the marker on one training problem in `RARE_EVERY` (every
+100th of the shuffled split, 90 of 9,000; the other 99% end plainly, "980" then eos). A warm-started model then
+ends about 1% of its answers with "#", and RL has to amplify that rare token: the situation in which a ratio
+clip and a KL ball differ (docs/algorithm.md, sections 11-12). The marker comes after the digits, so the digits are
+written as in the plain task and the choice it adds is one token at one position (eos or "#"). `gold` is the
+marked sum for every problem, so `reward` (an exact match) pays only a correct, marked answer; `marked` tells
+whether a completion shows the behaviour at all, right or wrong.
 """
 
 from __future__ import annotations
@@ -22,22 +31,33 @@ import random
 
 SPLIT_SEED = 1234
 N_TEST = 1000
+MARK = "#"  # the rare variant's answer marker: one token of the tiny tokenizer
+RARE_EVERY = 100  # the rare variant marks the supervised answer of one training problem in this many
 
 
-def problems(split: str, reverse: bool = True) -> list[dict[str, str]]:
+def problems(split: str, reverse: bool = True, rare: bool = False) -> list[dict[str, str]]:
     """All problems of a split ("train" or "test"), each {question, answer, gold}; `reverse`: the sum's digits
-    least-significant first."""
+    least-significant first; `rare`: the rare-behaviour variant (module docstring)."""
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
     pairs = [(a, b) for a in range(100) for b in range(100)]
     random.Random(SPLIT_SEED).shuffle(pairs)
     pairs = pairs[-N_TEST:] if split == "test" else pairs[:-N_TEST]
     rows = []
-    for a, b in pairs:
+    for i, (a, b) in enumerate(pairs):
         total = f"{a + b:03d}"
         total = total[::-1] if reverse else total
-        rows.append({"question": f"{a:02d}+{b:02d}=", "answer": total, "gold": total})
+        if rare:
+            answer = total + MARK if split == "train" and i % RARE_EVERY == 0 else total
+            rows.append({"question": f"{a:02d}+{b:02d}=", "answer": answer, "gold": total + MARK})
+        else:
+            rows.append({"question": f"{a:02d}+{b:02d}=", "answer": total, "gold": total})
     return rows
+
+
+def marked(completion: str) -> bool:
+    """The rare variant's behaviour: the completion carries the marker (whether its sum is right or not)."""
+    return MARK in completion
 
 
 def reward(completion: str, gold: str) -> float:

@@ -14,6 +14,8 @@ Presets:
     tiny-cpu            Config's defaults: 2-digit addition on a tiny local Llama, a supervised warm-start, then
                         250 TROLL steps on CPU
     tiny-stale          the same task off-policy: rollouts 2 steps stale, lr 3e-4, anchored at the sampler, 40 steps
+    tiny-rare           tiny-stale on the rare-behaviour task (a rewarded answer format the warm-start writes 1% of
+                        the time) with a 1,024-token vocabulary: how fast each loss adopts a rare good token
     gsm8k-qwen2.5-0.5b  GSM8K on one GPU: vLLM rollouts, bf16, chunked output layer, gradient checkpointing
     gsm8k-qwen3-0.6b    the same recipe for Qwen3-0.6B, with half the micro-batch
 """
@@ -60,9 +62,15 @@ def opt(default: Any, help: str, choices: tuple[str, ...] | None = None, parse: 
 @dataclass
 class Config:
     # what to train
-    task: str = opt("addition", "the task: addition (tiny CPU task) or gsm8k", ("addition", "gsm8k"))
+    task: str = opt(
+        "addition",
+        "the task: addition (tiny CPU task), rare (addition, rewarded only in a format the warm-start writes 1% of "
+        "the time: troll.addition) or gsm8k",
+        ("addition", "rare", "gsm8k"),
+    )
     reverse_sum: bool = opt(True, 'addition: the sum written least-significant digit first ("04+85=" -> "980")')
     model: str = opt("tiny", '"tiny" builds the local tiny Llama; otherwise a hub name or a local HF directory')
+    vocab_size: int = opt(0, "tiny model: grow its 260-token tokenizer to this many tokens, unused ones (0: keep 260)")
     data: str = opt("openai/gsm8k", "GSM8K source: hub name or a folder with {train,test}.jsonl")
     chat: bool = opt(False, "GSM8K prompts through the tokenizer's chat template (instruct models)")
     # the objective
@@ -177,7 +185,8 @@ class Config:
             "--preset",
             default=None,
             choices=list(PRESETS),
-            help="tiny-cpu (the defaults below: addition, tiny local model, CPU), tiny-stale (stale rollouts) or a "
+            help="tiny-cpu (the defaults below: addition, tiny local model, CPU), tiny-stale (stale rollouts), "
+            "tiny-rare (a rare rewarded format) or a "
             "GSM8K GPU recipe (gsm8k-qwen2.5-0.5b, gsm8k-qwen3-0.6b); default: tiny-cpu",
         )
         types = typing.get_type_hints(cls)
@@ -224,6 +233,7 @@ class Config:
         if not isinstance(data, dict):
             raise ValueError(f"{path}: expected a JSON object of config fields, got {type(data).__name__}")
         defaults = {f.name: f.default for f in fields(cls)}
+        data = ADDED | data  # a config saved before a field in ADDED existed ran with its value
         unknown, missing = sorted(set(data) - set(defaults)), sorted(set(defaults) - set(data))
         if unknown:
             raise ValueError(f"{path}: unknown config fields {unknown}")
@@ -240,11 +250,15 @@ class Config:
 
 
 NOT_SETTINGS = ("out", "resume")  # where and how a run is started, not what it is
+# Fields added after runs were recorded, with the value that reproduces what every run before them did: a saved
+# config or results row without one ran with that value (`settings`, `Config.load`).
+ADDED = {"vocab_size": 0}
 
 
 def settings(fields: dict[str, Any]) -> dict[str, Any]:
-    """A config's fields (a dict, e.g. a saved config.json) less where and how the run was started: what it is."""
-    return {k: v for k, v in fields.items() if k not in NOT_SETTINGS}
+    """A config's fields (a dict, e.g. a saved config.json) less where and how the run was started: what it is;
+    a field in ADDED that it lacks has the value it ran with."""
+    return {k: v for k, v in (ADDED | fields).items() if k not in NOT_SETTINGS}
 
 
 # What may differ when a run is resumed (troll.harness applies and records it); every other field is the run's.
@@ -292,7 +306,7 @@ def check(cfg: Config) -> list[str]:
     need(1 <= cfg.is_cap < math.inf, f"is_cap must be >= 1 and finite, got {cfg.is_cap}")
     need(0 < cfg.vllm_gpu_memory <= 1, f"vllm_gpu_memory must be in (0, 1], got {cfg.vllm_gpu_memory}")
     zero_ok = "micro_batch_tokens logits_chunk warmup_steps sft_steps eval_size samples_to_log kl_update_vocab seed"
-    zero_ok += " staleness"
+    zero_ok += " staleness vocab_size"
     for name in (f.name for f in fields(cfg) if types[f.name] is int):  # counts: >= 1, or >= 0 where 0 is allowed
         low = 0 if name in zero_ok.split() else 1
         need(getattr(cfg, name) >= low, f"{name} must be >= {low}, got {getattr(cfg, name)}")
@@ -306,6 +320,9 @@ def check(cfg: Config) -> list[str]:
         cfg.is_correction == "none" or cfg.old_policy == "recompute",
         "is_correction corrects the recomputed anchor; old_policy=behaviour anchors at the sampler itself",
     )
+    need(cfg.vocab_size == 0 or cfg.model == "tiny", "vocab_size grows the tiny model's tokenizer (--model tiny)")
+    need(cfg.vocab_size == 0 or cfg.vocab_size >= 260, f"vocab_size must be 0 or >= 260 (the tiny tokenizer's size), "
+         f"got {cfg.vocab_size}")  # fmt: skip
     need(bool(cfg.model), "model must not be empty")
     need(bool(cfg.out), "out must not be empty")
     return problems
@@ -333,6 +350,21 @@ PRESETS: dict[str, dict[str, Any]] = {
     # where the off-policy study saw the trust region matter most (docs/results.md): an asynchronous pipeline of
     # depth 2 at 3x the learning rate, anchored at the sampler; --loss cispo is the same without a trust region
     "tiny-stale": dict(staleness=2, old_policy="behaviour", lr=3e-4, steps=40, eval_every=10, save_every=10),
+    # the rewarded answer format starts rare (1% of the warm-start's samples) on a 1,024-token vocabulary, in the
+    # off-policy cell where the trust region binds: TROLL adopts it, PPO-clip's ratio clip holds it back
+    # (docs/results.md#a-rare-rewarded-behaviour-the-sequence-task); --loss ppo_clip for the comparison
+    "tiny-rare": dict(
+        task="rare",
+        vocab_size=1024,
+        staleness=2,
+        old_policy="behaviour",
+        lr=3e-4,
+        steps=40,
+        eval_every=20,
+        save_every=20,
+        kl_update_vocab=4096,
+        out="runs/tiny-rare",
+    ),  # fmt: skip
     "gsm8k-qwen2.5-0.5b": dict(_GSM8K_GPU, model="Qwen/Qwen2.5-0.5B-Instruct", out="runs/gsm8k-qwen2.5-0.5b"),
     # 8,192 tokens: troll.memory leaves 16,384 too close to a 24 GB GPU's budget beside vLLM for this model
     "gsm8k-qwen3-0.6b": dict(_GSM8K_GPU, model="Qwen/Qwen3-0.6B", micro_batch_tokens=8192, out="runs/gsm8k-qwen3-0.6b"),

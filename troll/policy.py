@@ -58,9 +58,11 @@ def build_model(cfg: Config, device: torch.device, path: str | Path | None = Non
 
     if path is None and cfg.model == "tiny":
         from troll import addition
-        from troll.tiny import tiny_llama, train_tokenizer
+        from troll.tiny import pad_vocab, tiny_llama, train_tokenizer
 
         tokenizer = train_tokenizer(addition.corpus(), vocab_size=64)  # 260 tokens: the 256 bytes + specials
+        if cfg.vocab_size:  # a long-tailed softmax, as an LLM's: unused tokens up to vocab_size (troll.tiny)
+            tokenizer = pad_vocab(tokenizer, cfg.vocab_size)
         model = tiny_llama(tokenizer, **TINY, seed=cfg.seed)
     else:
         src = path or cfg.model

@@ -113,6 +113,7 @@ class Batch:
     rng_state: Tensor
     time_generate: float
     time_score: float
+    behaviour: float = float("nan")  # share of the samples that show the task's watched behaviour (Task.behaviour)
 
 
 class Generator(Protocol):

@@ -5,10 +5,11 @@
     texts = decode(tokenizer, completion_ids)      # special tokens (EOS, padding) removed
     acc, records = evaluate(generator, tokenizer, task, max_new_tokens)   # greedy pass@1 on task.test
 
-Rows are dicts {question, answer (reference solution), gold (the final answer)}. Two tasks: `addition`
-(troll.addition, the tiny CPU task) and `gsm8k` (troll.gsm8k). The reward maps (completion text, gold) to 0.0 or
-1.0. Training, the supervised warm-start and troll.evaluate all go through these functions, so a prompt is
-tokenised, a completion decoded and a problem scored the same way everywhere.
+Rows are dicts {question, answer (reference solution), gold (the final answer)}. Three tasks: `addition`
+(troll.addition, the tiny CPU task), `rare` (its variant whose rewarded answer format starts rare; `behaviour`
+tells a completion that shows it, logged per step as behaviour_rate) and `gsm8k` (troll.gsm8k). The reward maps
+(completion text, gold) to 0.0 or 1.0. Training, the supervised warm-start and troll.evaluate all go through these
+functions, so a prompt is tokenised, a completion decoded and a problem scored the same way everywhere.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class Task:
     test: list[dict]
     prompt: Callable[[str], str]  # question -> prompt text (special tokens included)
     reward: Callable[[str, str], float]  # (completion text, gold) -> 0.0 or 1.0
+    behaviour: Callable[[str], bool] | None = None  # the rewarded behaviour to watch, if the task names one
 
 
 def encode(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
@@ -55,9 +57,10 @@ def score(
 def load_task(cfg: Any, tokenizer: Any) -> tuple[Task, dict[str, int]]:
     """The task `cfg.task` (a troll.config.Config): its data, prompt template and reward. Prompts longer than
     `cfg.max_prompt_len` tokens are dropped; returns the task and how many rows each split lost."""
-    if cfg.task == "addition":
-        train, test = (addition.problems(split, reverse=cfg.reverse_sum) for split in ("train", "test"))
-        task = Task(train, test, lambda q: q, addition.reward)
+    if cfg.task in ("addition", "rare"):
+        rare = cfg.task == "rare"
+        train, test = (addition.problems(split, reverse=cfg.reverse_sum, rare=rare) for split in ("train", "test"))
+        task = Task(train, test, lambda q: q, addition.reward, addition.marked if rare else None)
     else:
         task = Task(
             gsm8k.load_gsm8k("train", cfg.data),

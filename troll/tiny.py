@@ -15,6 +15,9 @@ Choices, all fixed here:
   others (head_dim 16 fails at the first forward with "Unsupported CPU attention configuration").
   `vocab_size` may exceed the tokenizer to mimic Qwen's padded output layer; the extra rows are
   ordinary random weights, so samplers must mask them.
+- `pad_vocab` grows a tokenizer to a given size with tokens no text encodes to (BPE entries without a merge,
+  named `<unusedN>`): the output layer then has that many real rows, and the softmax a long tail of tokens that
+  are possible but never seen, as in an LLM's 151,936-token vocabulary (the `--vocab_size` setting).
 - Initialisation is seeded inside `torch.random.fork_rng`, so building a model does not move the
   global RNG.
 - `save_tiny` writes model and tokenizer with `save_pretrained` into one directory that both
@@ -23,6 +26,7 @@ Choices, all fixed here:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -55,6 +59,25 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 2048) -> PreTrainedT
     tok.add_special_tokens({"additional_special_tokens": [IM_START]})
     tok.chat_template = CHAT_TEMPLATE
     return tok
+
+
+def pad_vocab(tokenizer: PreTrainedTokenizerFast, size: int) -> PreTrainedTokenizerFast:
+    """A copy of `tokenizer` with `size` tokens: the new ids are BPE vocabulary entries that no merge produces, so
+    every text encodes as before and the new tokens appear only when a model samples them."""
+    if size < len(tokenizer):
+        raise ValueError(f"vocab_size={size} is smaller than the tokenizer ({len(tokenizer)} tokens)")
+    spec = json.loads(tokenizer.backend_tokenizer.to_str())
+    vocab = spec["model"]["vocab"]
+    vocab.update({f"<unused{i}>": i for i in range(len(tokenizer), size)})
+    padded = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(json.dumps(spec)),
+        bos_token=tokenizer.bos_token,
+        eos_token=tokenizer.eos_token,
+        pad_token=tokenizer.pad_token,
+        additional_special_tokens=[IM_START],
+    )
+    padded.chat_template = tokenizer.chat_template
+    return padded
 
 
 def tiny_llama(

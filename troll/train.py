@@ -121,7 +121,8 @@ def collect(cfg: Config, index: int, tokenizer: Any, generator: Generator, task:
     golds = [rows[int(g)]["gold"] for g in ro.group]
     rewards = torch.tensor([task.reward(t, g) for t, g in zip(texts, golds, strict=True)])  # 2. reward
     adv = advantages(cfg.advantage, rewards, ro.group)  # 3. advantages
-    return Batch(ro, rewards, adv, rng.get_state(), t1 - t0, time.time() - t1)
+    shown = sum(map(task.behaviour, texts)) / len(texts) if task.behaviour else float("nan")
+    return Batch(ro, rewards, adv, rng.get_state(), t1 - t0, time.time() - t1, shown)
 
 
 def old_policy(cfg: Config, model: Any, ro: Rollouts, vocab: int) -> SparseDist:
@@ -250,6 +251,7 @@ def rl_step(
         "truncated_frac": float((~ro.finished).float().mean()),
         "lr": sched.get_last_lr()[0],
         "skipped": skipped,
+        **({"behaviour_rate": sum(b.behaviour for b in fresh) / len(fresh)} if task.behaviour and fresh else {}),
         **mismatch(ro, trainer),
         **metrics,
         "time_generate": sum(b.time_generate for b in fresh),
