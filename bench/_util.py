@@ -8,8 +8,8 @@ non-zero advantage. (`odd_length_reward`, 1.0 for an odd number of characters, i
 untrained model nearly every completion runs to max_new_tokens = 5 characters, so most groups tie and carry
 no signal.) Both take the completion text with special tokens removed, as troll's `Task.reward` does.
 
-Argument types (`int_at_least`, `positive_float`, `comma_list`): a bad value is an argparse error naming the flag
-(exit 2, no traceback), before anything is built or measured.
+Argument types (`int_at_least`, from troll.config, `positive_float`, `comma_list`): a bad value is an argparse
+error naming the flag (exit 2, no traceback), before anything is built or measured.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import math
 import resource
 import statistics
 from collections.abc import Callable, Iterable
+
+from troll.config import int_at_least  # noqa: F401  (the benchmarks import it from here)
 
 
 def parity_reward(completion: str, gold: str = "") -> float:
@@ -46,21 +48,6 @@ def median(xs: Iterable[float]) -> float:
 
 def ratio(a: float, b: float) -> float:
     return a / b if b else float("nan")
-
-
-def int_at_least(low: int) -> Callable[[str], int]:
-    """An argparse type: an integer >= `low`."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
-        return value
-
-    return parse
 
 
 def positive_float(text: str) -> float:

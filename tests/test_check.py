@@ -178,7 +178,7 @@ def test_a_failed_check_exits_1_with_one_line(tmp_path, gsm8k_dir, monkeypatch, 
     [
         (["--shape", "huge"], ["--shape", "invalid choice"]),
         (["--steps", "0"], ["--steps", "must be >= 1"]),
-        (["--prompts", "two"], ["--prompts", "expected an integer"]),
+        (["--prompts", "two"], ["--prompts", "not an integer"]),
         (["--max_new_tokens", "-1"], ["--max_new_tokens", ">= 1"]),
         (["--data", "/no/such/folder"], ["--data", "train.jsonl"]),
         (["--model", "/no/such/model"], ["--model", "does not exist"]),

@@ -50,6 +50,8 @@ import sys
 import time
 from pathlib import Path
 
+from troll.config import int_at_least
+
 if __name__ == "__main__":  # flags are checked before torch is imported
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
@@ -57,19 +59,6 @@ GSM8K_PRESETS = ("gsm8k-qwen2.5-0.5b", "gsm8k-qwen3-0.6b")
 CPU_BATCH = dict(prompts=2, samples=2, max_new_tokens=32, eval_size=4)  # defaults on CPU; a GPU takes the preset's
 MEMORY_TOLERANCE = 1.10  # measured / predicted peak above this fails the memory check
 SAMPLE_DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "gsm8k"
-
-
-def _at_least(low: int):
-    def parse(s: str) -> int:
-        try:
-            v = int(s)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
-        if v < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {v}")
-        return v
-
-    return parse
 
 
 def parser() -> argparse.ArgumentParser:
@@ -82,17 +71,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", default="auto", choices=("auto", "vllm", "hf"), help="auto: vllm where installed")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--bf16", default="auto", choices=("auto", "true", "false"), help="auto: the preset's on a GPU")
-    p.add_argument("--steps", type=_at_least(1), default=2, help="RL steps before the resume (default 2)")
+    p.add_argument("--steps", type=int_at_least(1), default=2, help="RL steps before the resume (default 2)")
     for name, what in (
         ("prompts", "prompts per step"),
         ("samples", "samples per prompt"),
         ("max_new_tokens", "response length limit"),
         ("eval_size", "held-out problems evaluated"),
     ):
-        p.add_argument(f"--{name}", type=_at_least(1), help=f"{what} (default: the preset's on a GPU, "
+        p.add_argument(f"--{name}", type=int_at_least(1), help=f"{what} (default: the preset's on a GPU, "
                        f"{CPU_BATCH[name]} on CPU)")  # fmt: skip
-    p.add_argument("--repeats", type=_at_least(1), default=1, help="TROLL / clip update pairs timed (default 1)")
-    p.add_argument("--seed", type=_at_least(0), default=0)
+    p.add_argument("--repeats", type=int_at_least(1), default=1, help="TROLL / clip update pairs timed (default 1)")
+    p.add_argument("--seed", type=int_at_least(0), default=0)
     p.add_argument("--measure", help=argparse.SUPPRESS)  # main's child process: the run directory
     p.add_argument("--out", help="report and run directory, new or empty (default runs/check-<UTC time>)")
     return p

@@ -51,6 +51,21 @@ def _int_or_auto(s: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an int or auto, got {s!r}") from None
 
 
+def int_at_least(low: int) -> typing.Callable[[str], int]:
+    """An argparse type: an integer >= `low` (the commands' and benchmarks' counts)."""
+
+    def parse(s: str) -> int:
+        try:
+            v = int(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{s!r} is not an integer") from None
+        if v < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {v}")
+        return v
+
+    return parse
+
+
 PARSERS: dict[type, typing.Callable[[str], Any]] = {bool: _bool, int: int, float: float, str: str}
 
 
