@@ -69,6 +69,7 @@ from dataclasses import asdict, dataclass
 from multiprocessing import get_context
 from pathlib import Path
 
+from study import figures
 from study.offpolicy import merge_results, read_results, t_interval
 from study.run import _init_worker, usage_error
 
@@ -446,11 +447,7 @@ def plot_steps(rows: Sequence[dict], out: Path) -> Path:
     for ax in axes[::cols]:
         ax.set_ylabel(f"RL steps until p(good) >= {THRESHOLD}")
     axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "bandit_steps.png"
-    fig.savefig(path, dpi=110)
-    return path
+    return figures.save(fig, out / "bandit_steps.png")
 
 
 def plot_curves(rows: Sequence[dict], out: Path, cell: str = "issue") -> Path:
@@ -474,11 +471,7 @@ def plot_curves(rows: Sequence[dict], out: Path, cell: str = "issue") -> Path:
     ax2.set(yscale="log", xlabel="RL step", ylabel="KL(p_new || p_old), mean over contexts",
             title="exact KL of each update, over all V")  # fmt: skip
     ax1.legend(fontsize=7)
-    fig.tight_layout()
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "bandit_curves.png"
-    fig.savefig(path, dpi=110)
-    return path
+    return figures.save(fig, out / "bandit_curves.png")
 
 
 # ----------------------------------------------------------------------------- the command

@@ -33,6 +33,14 @@ FIELDS = (
 )
 
 
+def save(fig, path: Path) -> Path:
+    """Lay out a matplotlib figure and write it to `path` (its folder made if missing) at the studies' 110 dpi."""
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return path
+
+
 def read_results(path: str | Path) -> list[dict]:
     """The rows of a study results file (JSONL, one finished run per line); a ValueError naming the file and the
     line or run when a line is not a JSON object or a row lacks one of `FIELDS`."""
@@ -121,9 +129,7 @@ def plot_study(rows: Sequence[dict], out: str | Path) -> list[Path]:
     axes[0].plot([], [], "o-", color="grey", label="1 epoch")
     axes[0].plot([], [], "s--", color="grey", label="more epochs")
     axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    written = [out / "accuracy_vs_off_policy.png"]
-    fig.savefig(written[-1], dpi=110)
+    written = [save(fig, out / "accuracy_vs_off_policy.png")]
 
     settings = sorted({(r["minibatches"], r["epochs"]) for r in rows}, key=lambda s: (s[0] * s[1], s[1]))
     fig = Figure(figsize=(4.2 * len(lrs), 6.4))
@@ -152,9 +158,7 @@ def plot_study(rows: Sequence[dict], out: str | Path) -> list[Path]:
     handles = [axes[0][0].plot([], [], "s", color=colours[v], alpha=0.6, label=v)[0] for v in variants]
     axes[0][0].legend(handles=handles, fontsize=7)
     fig.suptitle("the network's exact KL(p_new || p_old) per update, over the vocabulary", fontsize=10)
-    fig.tight_layout()
-    written.append(out / "kl_update.png")
-    fig.savefig(written[-1], dpi=110)
+    written.append(save(fig, out / "kl_update.png"))
     return written
 
 

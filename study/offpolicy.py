@@ -54,6 +54,7 @@ from dataclasses import asdict, dataclass
 from multiprocessing import get_context
 from pathlib import Path
 
+from study import figures
 from study.run import _init_worker, train_run, usage_error
 from troll import plot
 from troll.checkpoint import read_jsonl, rewrite_jsonl
@@ -448,11 +449,7 @@ def plot_paired(rows: Sequence[dict], out: Path, stem: str = "offpolicy") -> Pat
         ax.set_ylabel("final accuracy - PPO-clip's")
         ax.set_title(f"lr {lr:g}: paired difference to PPO-clip, mean over seeds, 95% interval", fontsize=10)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{stem}_paired.png"
-    fig.savefig(path, dpi=110)
-    return path
+    return figures.save(fig, out / f"{stem}_paired.png")
 
 
 def plot_settings(rows: Sequence[dict], out: Path, stem: str) -> Path:
@@ -474,11 +471,7 @@ def plot_settings(rows: Sequence[dict], out: Path, stem: str) -> Path:
         ax.set_ylabel("final accuracy - PPO-clip's")
         ax.set_title(f"lr {key[0]:g}, {key[1]}, {key[2]}: paired difference to PPO-clip (0.2), 95% interval; "
                      "filled: the loss's best setting", fontsize=10)  # fmt: skip
-    fig.tight_layout()
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{stem}_settings.png"
-    fig.savefig(path, dpi=110)
-    return path
+    return figures.save(fig, out / f"{stem}_settings.png")
 
 
 def plot_adoption(rows: Sequence[dict], out: Path, stem: str, threshold: float = THRESHOLD) -> Path:
@@ -503,11 +496,7 @@ def plot_adoption(rows: Sequence[dict], out: Path, stem: str, threshold: float =
         ax.set_ylabel("share of samples with the rare behaviour")
         ax.set_title(f"lr {key[0]:g}, {key[1]}, {key[2]}: mean over seeds, range shaded", fontsize=10)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{stem}_adoption.png"
-    fig.savefig(path, dpi=110)
-    return path
+    return figures.save(fig, out / f"{stem}_adoption.png")
 
 
 # ----------------------------------------------------------------------------- the command
