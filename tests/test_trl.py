@@ -124,6 +124,14 @@ CORRECTED = [  # (*CONTRACT row, vllm_importance_sampling_mode, clip_min, clip_m
 ]
 
 
+def one_batch(trainer) -> tuple[dict, list[list[int]]]:
+    """TRL's batch for 2 training prompts x 4 completions, and each prompt's ids without padding."""
+    prompts = [r["question"] for r in addition.problems("train")[:2]]
+    batch = trainer._generate_and_score_completions([{"prompt": p} for p in prompts for _ in range(4)])
+    unpadded = [ids[m.bool()].tolist() for ids, m in zip(batch["prompt_ids"], batch["prompt_mask"], strict=True)]
+    return batch, unpadded
+
+
 def check_contract(trainer, agg, level, support, sampler=None, mode=None, clip_min=None, cap=None) -> dict:
     """Generate one batch of 2 prompts x 4, move the weights, and assert that the trainer's compute_loss equals
     troll_loss (test_loss_equals_troll_loss), the correction's reference built from sampler(batch) -> log mu(y)
@@ -131,9 +139,7 @@ def check_contract(trainer, agg, level, support, sampler=None, mode=None, clip_m
     model = trainer.model
     model.train()
     torch.manual_seed(1)
-    prompts = [r["question"] for r in addition.problems("train")[:2]]
-    batch = trainer._generate_and_score_completions([{"prompt": p} for p in prompts for _ in range(4)])
-    unpadded = [ids[m.bool()].tolist() for ids, m in zip(batch["prompt_ids"], batch["prompt_mask"], strict=True)]
+    batch, unpadded = one_batch(trainer)
     comp, mask = batch["completion_ids"], batch["completion_mask"].bool()
     V = model.config.vocab_size
     with torch.no_grad():
@@ -282,9 +288,7 @@ def test_corrected_loss_by_hand_at_the_old_policy(tokenizer, tmp_path, mode):
     model = trainer.model
     model.train()
     torch.manual_seed(1)
-    prompts = [r["question"] for r in addition.problems("train")[:2]]
-    batch = trainer._generate_and_score_completions([{"prompt": p} for p in prompts for _ in range(4)])
-    unpadded = [ids[m.bool()].tolist() for ids, m in zip(batch["prompt_ids"], batch["prompt_mask"], strict=True)]
+    batch, unpadded = one_batch(trainer)
     comp, mask, adv = batch["completion_ids"], batch["completion_mask"].bool(), batch["advantages"].double()
     with torch.no_grad():
         logits = completion_logits(model, unpadded, comp, 0.7, model.config.vocab_size).double()
@@ -308,8 +312,7 @@ def test_correction_off_keeps_the_plain_loss_and_logs_the_mismatch(tokenizer, tm
     trainer = make_trainer(tokenizer, tmp_path, vllm_importance_sampling_correction=False)
     inject_sampler(trainer)
     trainer.model.train()
-    prompts = [r["question"] for r in addition.problems("train")[:2]]
-    batch = trainer._generate_and_score_completions([{"prompt": p} for p in prompts for _ in range(4)])
+    batch, _ = one_batch(trainer)
     assert "sampling_per_token_logps" in batch and "troll_behaviour_logp" not in batch
     trainer.compute_loss(trainer.model, batch)
     logged = trainer._metrics["train"]
