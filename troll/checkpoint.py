@@ -1,7 +1,9 @@
 """The run directory's files, written so that a crash at any moment leaves the previous complete state.
 
-    out/checkpoints/step-NNNNNN/   HF `save_pretrained` (model + tokenizer: loadable by troll.evaluate and vLLM)
+    out/checkpoints/step-NNNNNN/   HF `save_pretrained` (model + tokenizer: loadable by troll.evaluate and vLLM;
+                                   a LoRA run's: the adapters, `python -m troll.lora` merges them)
                                    + trainer.pt {optimizer, scheduler, step, ...the run's state}
+    out/base/                      a LoRA run's own frozen base (the tiny model, a warm-started one), written once
     out/checkpoints/latest         the name of the newest complete checkpoint
     out/metrics.jsonl, samples.jsonl   one JSON object per line, each with a "step"
     out/config.json, summary.json  JSON objects
@@ -29,7 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "adapter_model.safetensors")
 TOKENIZER = ("tokenizer.json", "tokenizer_config.json")
 
 
@@ -65,15 +67,29 @@ def complete_checkpoints(out: Path) -> list[Path]:
 def check_checkpoint(ckpt: Path) -> str | None:
     """Why checkpoint folder `ckpt` cannot be resumed from (naming the file), or None if its files are whole;
     trainer.pt is checked by loading it (`load_trainer_state`)."""
-    if not (ckpt / "trainer.pt").is_file() or not (ckpt / "config.json").is_file():
-        return f"{ckpt}: trainer.pt or config.json is missing"
+    config = "adapter_config.json" if (ckpt / "adapter_model.safetensors").is_file() else "config.json"  # LoRA: adapters
+    if not (ckpt / "trainer.pt").is_file() or not (ckpt / config).is_file():
+        return f"{ckpt}: trainer.pt or {config} is missing"
     if not any((ckpt / f).is_file() for f in WEIGHTS):
         return f"{ckpt}: no model weights ({' or '.join(WEIGHTS)})"
     if not any((ckpt / f).is_file() for f in TOKENIZER):
         return f"{ckpt}: no tokenizer files ({' or '.join(TOKENIZER)})"
-    if (ckpt / "model.safetensors").is_file():
-        return _safetensors_problem(ckpt / "model.safetensors")
+    for name in ("model.safetensors", "adapter_model.safetensors"):
+        if (ckpt / name).is_file():
+            return _safetensors_problem(ckpt / name)
     return None
+
+
+def save_base(out: Path, model: Any, tokenizer: Any) -> Path:
+    """Write a LoRA run's own frozen base (troll.lora.owns_base) to out/base, atomically; checkpoints then hold
+    only the adapters."""
+    tmp, base = out / ".tmp-base", out / "base"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(base, ignore_errors=True)
+    os.replace(tmp, base)
+    return base
 
 
 def load_trainer_state(ckpt: Path) -> dict:

@@ -137,6 +137,9 @@ class Config:
     grad_clip: float = opt(1.0, "max gradient norm")
     bf16: bool = opt(False, "bf16 autocast (GPU)")
     grad_checkpointing: bool = opt(False, "recompute activations in backward (saves memory)")
+    lora_rank: int = opt(0, "train LoRA adapters of this rank on a frozen base (troll.lora); 0: full fine-tuning")
+    lora_alpha: float = opt(32.0, "LoRA scale alpha: the update is (alpha / rank) B A")
+    lora_targets: str = opt("all-linear", "LoRA's layers: all-linear (every decoder linear) or comma-separated names")
     # supervised warm-start (tiny task)
     sft_steps: int = opt(600, "at most this many supervised steps on reference solutions before RL")
     sft_target: float = opt(0.3, "stop once greedy solves this share of 1,024 training problems (0: all sft_steps)")
@@ -267,7 +270,7 @@ class Config:
 NOT_SETTINGS = ("out", "resume")  # where and how a run is started, not what it is
 # Fields added after runs were recorded, with the value that reproduces what every run before them did: a saved
 # config or results row without one ran with that value (`settings`, `Config.load`).
-ADDED = {"vocab_size": 0}
+ADDED = {"vocab_size": 0, "lora_rank": 0, "lora_alpha": 32.0, "lora_targets": "all-linear"}
 
 
 def settings(fields: dict[str, Any]) -> dict[str, Any]:
@@ -313,7 +316,7 @@ def check(cfg: Config) -> list[str]:
 
     for name in ("eps", "temperature", "lr", "sft_lr", "grad_clip"):  # nan fails every comparison
         need(0 < getattr(cfg, name) < math.inf, f"{name} must be > 0 and finite, got {getattr(cfg, name)}")
-    for name in ("alpha", "clip_high", "weight_decay"):
+    for name in ("alpha", "clip_high", "weight_decay", "lora_alpha"):
         need(0 <= getattr(cfg, name) < math.inf, f"{name} must be >= 0 and finite, got {getattr(cfg, name)}")
     need(0 <= cfg.delta < 1, f"delta must be in [0, 1), got {cfg.delta}")
     need(0 <= cfg.clip_low < 1, f"clip_low must be in [0, 1), got {cfg.clip_low}")
@@ -321,7 +324,7 @@ def check(cfg: Config) -> list[str]:
     need(1 <= cfg.is_cap < math.inf, f"is_cap must be >= 1 and finite, got {cfg.is_cap}")
     need(0 < cfg.vllm_gpu_memory <= 1, f"vllm_gpu_memory must be in (0, 1], got {cfg.vllm_gpu_memory}")
     zero_ok = "micro_batch_tokens logits_chunk warmup_steps sft_steps eval_size samples_to_log kl_update_vocab seed"
-    zero_ok += " staleness vocab_size"
+    zero_ok += " staleness vocab_size lora_rank"
     for name in (f.name for f in fields(cfg) if types[f.name] is int):  # counts: >= 1, or >= 0 where 0 is allowed
         low = 0 if name in zero_ok.split() else 1
         need(getattr(cfg, name) >= low, f"{name} must be >= {low}, got {getattr(cfg, name)}")
@@ -338,6 +341,7 @@ def check(cfg: Config) -> list[str]:
     need(cfg.vocab_size == 0 or cfg.model == "tiny", "vocab_size grows the tiny model's tokenizer (--model tiny)")
     need(cfg.vocab_size == 0 or cfg.vocab_size >= 260, f"vocab_size must be 0 or >= 260 (the tiny tokenizer's size), "
          f"got {cfg.vocab_size}")  # fmt: skip
+    need(bool(cfg.lora_targets.strip(" ,")), "lora_targets must name at least one layer (or all-linear)")
     need(bool(cfg.model), "model must not be empty")
     need(bool(cfg.out), "out must not be empty")
     return problems

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from troll import lora
 from troll.head import LMHead, Logits
 
 if TYPE_CHECKING:
@@ -53,9 +54,14 @@ TINY = dict(hidden=128, layers=2, heads=4)  # the tiny-cpu preset's model: 0.59M
 
 
 def build_model(cfg: Config, device: torch.device, path: str | Path | None = None) -> tuple[Any, Any]:
-    """(model, tokenizer): the tiny local Llama (`cfg.model == "tiny"`), or `path` / cfg.model via transformers."""
+    """(model, tokenizer): the tiny local Llama (`cfg.model == "tiny"`), or `path` / cfg.model via transformers.
+    With `cfg.lora_rank` the base comes in `base_dtype(cfg)` and without adapters (`adapt` adds them after the
+    warm-start), unless `path` is a LoRA checkpoint: then its adapters on the run's base (troll.lora)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    adapters = path if path is not None and lora.is_adapter_checkpoint(path) else None
+    if adapters:  # a checkpoint's adapters on the run's base, which sits two folders up (troll.checkpoint)
+        path = lora.base_source(cfg, Path(adapters).parent.parent)
     if path is None and cfg.model == "tiny":
         from troll import addition
         from troll.tiny import pad_vocab, tiny_llama, train_tokenizer
@@ -66,12 +72,28 @@ def build_model(cfg: Config, device: torch.device, path: str | Path | None = Non
         model = tiny_llama(tokenizer, **TINY, seed=cfg.seed)
     else:
         src = path or cfg.model
-        tokenizer = AutoTokenizer.from_pretrained(src)
-        model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(adapters or src)
+        model = AutoModelForCausalLM.from_pretrained(src, dtype=base_dtype(cfg))
     if cfg.grad_checkpointing:
         model.gradient_checkpointing_enable()
+    if adapters:
+        model = lora.load_adapters(model, adapters)
     model.train()
     return model.to(device), tokenizer
+
+
+def base_dtype(cfg: Config) -> torch.dtype:
+    """The weights' dtype: float32 (trained weights, and every weight of a full fine-tune), or bfloat16 for a LoRA
+    run's frozen base under bf16 autocast (troll.lora)."""
+    return torch.bfloat16 if cfg.lora_rank and cfg.bf16 else torch.float32
+
+
+def adapt(cfg: Config, model: Any) -> Any:
+    """`model` as the policy to train: itself (full fine-tuning), or with `cfg.lora_rank` new LoRA adapters on it,
+    held frozen in `base_dtype(cfg)` (troll.lora)."""
+    if not cfg.lora_rank:
+        return model
+    return lora.add_adapters(model.to(base_dtype(cfg)), cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)
 
 
 def mask_padded_vocab(logits: Tensor, vocab_size: int) -> Tensor:

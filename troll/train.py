@@ -47,10 +47,12 @@ import torch
 
 from troll.advantages import advantages
 from troll.diagnostics import UpdateKL, mismatch, peak_memory_mb
+from troll.checkpoint import save_base
 from troll.harness import Run, RunError, check_sources
+from troll.lora import base_weights, owns_base, unwrap
 from troll.losses import LOSSES
 from troll.metrics import merge
-from troll.policy import build_model, rollout_logits
+from troll.policy import adapt, build_model, rollout_logits
 from troll.rollout import Batch, Generator, HFGenerator, Rollouts
 from troll.sparse import SparseDist, cat_rows, sparsify, sparsify_topk
 from troll.task import Task, decode, encode, evaluate, load_task
@@ -68,8 +70,8 @@ def make_generator(cfg: Config, model: Any, tokenizer: Any, out: Path) -> Genera
     from troll.vllm_engine import VLLMGenerator
 
     auto_dtype = "bfloat16" if model.device.type == "cuda" else "float32"  # vLLM's usual dtype; CPU: the trainer's
-    init = out / "engine-init"  # the engine loads once from disk; every later update is pushed in place
-    model.save_pretrained(init)
+    init = out / "engine-init"  # the engine loads the base once from disk; every update is pushed in place
+    unwrap(model).save_pretrained(init, state_dict=base_weights(model))  # LoRA: the base, under its own names
     tokenizer.save_pretrained(init)
     engine = VLLMGenerator(
         init,
@@ -86,7 +88,8 @@ def make_generator(cfg: Config, model: Any, tokenizer: Any, out: Path) -> Genera
 
 def make_optimizer(cfg: Config, model: Any) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW and its schedule over all optimiser steps: linear warmup, then constant or cosine to 0."""
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    trained = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters; else every weight
+    opt = torch.optim.AdamW(trained, lr=cfg.lr, weight_decay=cfg.weight_decay)
     total = cfg.steps * cfg.epochs * cfg.minibatches
 
     def factor(i: int) -> float:
@@ -188,7 +191,7 @@ def update(
             share = int(mask.sum()) / max(minibatch_tokens, 1) if token_mean else len(rows) / len(minibatch)
             (loss * share).backward()
             parts.append((share, m))
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        norm = torch.nn.utils.clip_grad_norm_(opt.param_groups[0]["params"], cfg.grad_clip)
         if not torch.isfinite(norm):
             skipped += 1
             opt.zero_grad(set_to_none=True)
@@ -279,14 +282,17 @@ def train(
             return run.summary()
         cfg = run.cfg
         torch.manual_seed(cfg.seed)
-        model, tokenizer = build_model(cfg, run.device, path=run.checkpoint)
+        model, tokenizer = build_model(cfg, run.device, path=run.checkpoint)  # resumed LoRA: its adapters on the base
         task, dropped = load_task(cfg, tokenizer)
+        if run.checkpoint is None:
+            warm = warm_start_task(cfg, model, tokenizer, task) if cfg.sft_steps else {}
+            if cfg.lora_rank and owns_base(cfg):  # LoRA checkpoints hold adapters: the base they adapt is kept once
+                save_base(run.out, model, tokenizer)
+            model = adapt(cfg, model)  # full fine-tuning: the model itself; LoRA: new adapters on the frozen base
         opt, sched = make_optimizer(cfg, model)
         generator = make_generator(cfg, model, tokenizer, run.out)
         generator = wrap_generator(generator) if wrap_generator else generator
         if run.checkpoint is None:
-            warm = warm_start_task(cfg, model, tokenizer, task) if cfg.sft_steps else {}
-            generator.push_weights(model)
             extra = warm | {"dropped_prompts": dropped["train"], "dropped_test_prompts": dropped["test"]}
             run.begin(*evaluate(generator, tokenizer, task, cfg.max_new_tokens), extra, model, tokenizer, opt, sched)
         else:

@@ -55,6 +55,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from troll.lora import engine_weights
 from troll.policy import check_vocab
 from troll.rollout import Rollouts, check_request, eos_ids, to_rollouts
 
@@ -185,9 +186,10 @@ class VLLMGenerator:
             self.llm.wake_up(tags=tags)
 
     def push_weights(self, model: Any) -> None:
-        """Copy `model`'s weights into the running engine in place, reset the prefix cache, then `check_sync`."""
+        """Copy `model`'s weights into the running engine in place, reset the prefix cache, then `check_sync`. A LoRA
+        model sends only its adapted layers, merged (troll.lora.engine_weights); the engine holds the frozen rest."""
         self._wake(["weights"])
-        weights = list(model.state_dict().items())  # HF names; state_dict() also holds a tied lm_head
+        weights = engine_weights(model)  # HF names; a plain model's state_dict() also holds a tied lm_head
         self.llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=weights))
         self._wake(["kv_cache"])
         self._asleep = self._weights_lost = False
