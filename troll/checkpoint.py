@@ -67,7 +67,8 @@ def complete_checkpoints(out: Path) -> list[Path]:
 def check_checkpoint(ckpt: Path) -> str | None:
     """Why checkpoint folder `ckpt` cannot be resumed from (naming the file), or None if its files are whole;
     trainer.pt is checked by loading it (`load_trainer_state`)."""
-    config = "adapter_config.json" if (ckpt / "adapter_model.safetensors").is_file() else "config.json"  # LoRA: adapters
+    lora = (ckpt / "adapter_model.safetensors").is_file()  # a LoRA run's checkpoint holds its adapters
+    config = "adapter_config.json" if lora else "config.json"
     if not (ckpt / "trainer.pt").is_file() or not (ckpt / config).is_file():
         return f"{ckpt}: trainer.pt or {config} is missing"
     if not any((ckpt / f).is_file() for f in WEIGHTS):

@@ -46,8 +46,8 @@ from typing import Any
 import torch
 
 from troll.advantages import advantages
-from troll.diagnostics import UpdateKL, mismatch, peak_memory_mb
 from troll.checkpoint import save_base
+from troll.diagnostics import UpdateKL, mismatch, peak_memory_mb
 from troll.harness import Run, RunError, check_sources
 from troll.lora import base_weights, owns_base, unwrap
 from troll.losses import LOSSES
