@@ -22,11 +22,13 @@ Choices:
 - The base is held in bfloat16 when the run computes under bf16 autocast (`Config.bf16`, the GPU presets): 2
   bytes a parameter instead of 4, nothing else to keep for a frozen weight. The adapters, their gradients and
   AdamW states are float32 (PEFT casts adapters up). On CPU (tests, the tiny task) everything is float32.
-- The sampler gets `engine_weights`: a plain model's whole state dict, or for a LoRA model only the adapted
-  layers, each merged out of place in float32 (W + (alpha / r) B A) under the base's name. The trainer's W is
-  never rounded: merging in place and unmerging (TRL's way) adds the bf16 rounding of every merge to the base.
-  In a bf16 engine the merged weight is rounded once; that is a sampler mismatch like any other, logged as
-  `mismatch_*` and corrected by `--is_correction tis` (docs/algorithm.md, section 10).
+- The sampler gets `engine_weights`: every tensor under the base model's names, each adapted weight merged out of
+  place in float32 (W + (alpha / r) B A), so the trainer's W is never rounded (merging in place and unmerging,
+  TRL's way, adds the bf16 rounding of every merge to the base). Every tensor, not only the adapted ones: vLLM
+  reloads a layer whole (its fused q/k/v projection, its bias) and keeps a layer that gets nothing only with a
+  warning, so a partial push is fragile for a saving of the embeddings alone (all-linear adapts the rest). In a
+  bf16 engine the merged weight is rounded once: a sampler mismatch like any other, logged as `mismatch_*` and
+  corrected by `--is_correction tis` (docs/algorithm.md, section 10).
 - A checkpoint holds the adapters and the optimiser, not the base: the base is `Config.model`, or `<out>/base` for a
   base the run itself changed (the tiny task's supervised warm-start), written once before the first update.
 """
@@ -108,17 +110,21 @@ def base_weights(model: Any) -> dict[str, Tensor]:
 
 @torch.no_grad()
 def engine_weights(model: Any) -> Iterator[tuple[str, Tensor]]:
-    """What a sampler that loaded the base needs to compute `model`: every tensor of a plain model, or each adapted
-    layer's merged weight W + (alpha / r) B A in float32, made one at a time (module docstring)."""
+    """Every tensor a sampler needs to compute `model`, under the base model's names, made one at a time: a plain
+    model's state dict, or a LoRA model's base with each adapted weight merged, W + (alpha / r) B A in float32."""
     if not is_lora(model):
         yield from model.state_dict().items()
         return
     from peft.tuners.lora import LoraLayer
 
-    for name, module in model.get_base_model().named_modules():
-        if isinstance(module, LoraLayer) and ADAPTER in module.lora_A:
-            weight = module.get_base_layer().weight
-            yield f"{name}.weight", weight.float() + module.get_delta_weight(ADAPTER).float()
+    adapted = {
+        f"{name}.weight": module
+        for name, module in unwrap(model).named_modules()
+        if isinstance(module, LoraLayer) and ADAPTER in module.lora_A
+    }
+    for name, tensor in base_weights(model).items():
+        layer = adapted.get(name)
+        yield name, tensor if layer is None else tensor.float() + layer.get_delta_weight(ADAPTER).float()
 
 
 def merge(model: Any) -> Any:

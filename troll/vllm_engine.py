@@ -187,7 +187,7 @@ class VLLMGenerator:
 
     def push_weights(self, model: Any) -> None:
         """Copy `model`'s weights into the running engine in place, reset the prefix cache, then `check_sync`. A LoRA
-        model sends only its adapted layers, merged (troll.lora.engine_weights); the engine holds the frozen rest."""
+        model sends its base with the adapted weights merged (troll.lora.engine_weights)."""
         self._wake(["weights"])
         weights = engine_weights(model)  # HF names; a plain model's state_dict() also holds a tied lm_head
         self.llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=weights))
