@@ -58,8 +58,8 @@ def import_peft() -> Any:
 
 
 def is_lora(model: Any) -> bool:
-    """`model` is a PeftModel (adapters on a frozen base)."""
-    return hasattr(model, "peft_config")
+    """`model` is a PeftModel (adapters on a frozen base; the transformers model inside it is not)."""
+    return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
 
 
 def is_adapter_checkpoint(path: str | Path) -> bool:
