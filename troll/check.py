@@ -50,12 +50,12 @@ import sys
 import time
 from pathlib import Path
 
-from troll.config import int_at_least
+from troll.config import PRESETS, int_at_least
 
 if __name__ == "__main__":  # flags are checked before torch is imported
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-GSM8K_PRESETS = ("gsm8k-qwen2.5-0.5b", "gsm8k-qwen3-0.6b")
+GSM8K_PRESETS = tuple(name for name in PRESETS if name.startswith("gsm8k-"))  # full fine-tuning and LoRA
 CPU_BATCH = dict(prompts=2, samples=2, max_new_tokens=32, eval_size=4)  # defaults on CPU; a GPU takes the preset's
 MEMORY_TOLERANCE = 1.10  # measured / predicted peak above this fails the memory check
 SAMPLE_DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "gsm8k"
@@ -135,7 +135,7 @@ from typing import Any  # noqa: E402
 import torch  # noqa: E402
 
 from troll import memory  # noqa: E402
-from troll.config import PRESETS, Config  # noqa: E402
+from troll.config import Config  # noqa: E402
 from troll.diagnostics import proc_status_bytes, reset_peak_rss  # noqa: E402
 from troll.head import LMHead  # noqa: E402
 from troll.losses import LOSSES  # noqa: E402
@@ -487,7 +487,9 @@ def measure(out: Path) -> dict:
         return _write(out / "measure.json", res)
     res |= {"vllm": rec.vllm, "sync": rec.sync, "windows": rec.windows, "times_greedy": rec.times["greedy"]}
     res |= {"free_awake": rec.free_awake, "free_asleep": rec.free_asleep}
-    res["params"] = sum(p.numel() for p in rec.model.parameters()) if rec.model is not None else 0
+    params = list(rec.model.parameters()) if rec.model is not None else []
+    res["params"] = sum(p.numel() for p in params)
+    res["trained_params"] = sum(p.numel() for p in params if p.requires_grad)  # LoRA: the adapters
     if rec.vllm and res["error"] is None:
         res["sync_tol"] = rec.inner.sync_tol  # type: ignore[attr-defined]
         try:
