@@ -432,3 +432,44 @@ def test_baseline_ratio_is_exact_when_the_support_is_truncated():
         _, m = fn(logits, tokens, mask, adv, old, k=4, support=support)
         assert m["ratio_min"] == pytest.approx(1.0, abs=1e-12) and m["ratio_max"] == pytest.approx(1.0, abs=1e-12), name
         assert m["frac_active"] == 0.0 and m["kl_before_max"] == pytest.approx(0.0, abs=1e-12), name
+
+
+# --- no signal, no push -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "support, moved", [("rest", False), ("paper", False), ("rest", True)], ids=["rest", "paper", "rest-moved"]
+)
+@pytest.mark.parametrize("loss", sorted(LOSSES))
+def test_a_batch_without_signal_has_an_exactly_zero_gradient(loss, support, moved):
+    """Every advantage 0: every loss's gradient is exactly 0 (not 1e-9 of rounding, which Adam would turn into a
+    full step), at p = q (the first minibatch of a step; both sparse models, as the trainer builds q) and with p
+    moved inside the trust region (a later minibatch), and frac_no_signal says so. A nonzero advantage on the
+    same batch gives a nonzero gradient. (Under the paper's model a p moved from q may be projected for no reason,
+    section 3a, and then its regression term pulls with any advantage.)"""
+    gen = torch.Generator().manual_seed(0)
+    B, T, V = 3, 4, 200
+    old_logits = torch.randn(B * T, V, generator=gen) * 2
+    tokens = torch.randint(V, (B, T), generator=gen)
+    old = sparsify(old_logits, tokens.view(-1), k=64, delta=1e-5)  # troll.train's anchor at the defaults
+    shift = 0.02 * torch.randn(B * T, V, generator=gen) if moved else 0.0
+    mask = torch.ones(B, T, dtype=torch.bool)
+    mask[0, 3] = False
+    for adv, silent in ((torch.zeros(B), True), (torch.tensor([1.0, 0.0, -1.0]), False)):
+        logits = (old_logits + shift).view(B, T, V).clone().requires_grad_(True)
+        value, metrics = LOSSES[loss](logits, tokens, mask, adv, old, support=support)
+        (g,) = torch.autograd.grad(value, logits)
+        assert (g == 0).all() == silent and metrics["frac_no_signal"] == pytest.approx(1.0 if silent else 4 / 11)
+        if silent:
+            assert value.item() == 0.0
+
+
+def test_troll_regression_term_is_zero_where_nothing_is_projected():
+    """An inactive token (KL(p || q) <= eps) adds exactly 0 to the regression term, in value and gradient; an
+    active one adds KL(p || pi*) > 0."""
+    logits, tokens, mask, _, old = binary(0.52, 0.5, 0.0)  # KL 8e-4 < eps: inactive
+    _, g, m = grad_of(troll_loss, logits, tokens, mask, torch.zeros(1, dtype=torch.float64), old)
+    assert m["frac_active"] == 0.0 and m["regression"] == 0.0 and (g == 0).all()
+    logits, tokens, mask, _, old = binary(0.9, 0.5, 0.0)  # KL 0.37 > eps: projected
+    _, g, m = grad_of(troll_loss, logits, tokens, mask, torch.zeros(1, dtype=torch.float64), old)
+    assert m["frac_active"] == 1.0 and m["regression"] > 0 and g.abs().max() > 0

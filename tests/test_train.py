@@ -496,3 +496,19 @@ def test_bf16_sampler_is_a_refreshed_copy(tmp_path, varied_reward):
     for a, b in zip(gen.model.parameters(), model.parameters(), strict=True):
         assert torch.equal(a, b.to(torch.bfloat16))
     assert HFGenerator(model, tok).model is model
+
+
+@pytest.mark.parametrize("support", ["rest", "paper"])
+@pytest.mark.parametrize("loss", sorted(LOSSES))
+def test_a_step_without_signal_leaves_the_weights_bit_identical(tmp_path, monkeypatch, loss, support):
+    """Every reward equal, so every advantage 0: the first optimiser step leaves every weight as it was, under every
+    loss and both sparse models (AdamW with zero gradients and no weight decay does nothing), and the metrics say
+    the whole batch had no signal."""
+    monkeypatch.setattr("troll.addition.reward", lambda completion, gold: 1.0)
+    cfg = tiny(tmp_path, loss=loss, support=support, steps=1, save_every=1)
+    before = build_model(cfg, torch.device("cpu"))[0].state_dict()
+    train(cfg)
+    after = build_model(cfg, torch.device("cpu"), tmp_path / "run" / "checkpoints" / "step-000001")[0].state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    (m,) = rows(tmp_path / "run")
+    assert m["frac_no_signal"] == 1.0 and m["grad_norm"] == 0.0 and m["skipped"] == 0

@@ -72,7 +72,9 @@ behaviour_logp=None (the default) leaves every loss as above, bit for bit.
 Metrics (python floats; KL is of the current policy p to q over the support's atoms):
     policy, regression, kl_before_mean/max, kl_after_mean/max (after projection; = kl_before for baselines),
     frac_active (tokens projected / clipped / masked), ratio_mean/min/max (the ratio in the policy term),
-    entropy (of p, exact, from its full logits), and for troll the solver stats of Projection.stats(); with
+    entropy (of p, exact, from its full logits), frac_no_signal (real tokens whose advantage is exactly 0: they
+    add exactly nothing to the gradient, as TROLL's regression term adds nothing where nothing is projected), and
+    for troll the solver stats of Projection.stats(); with
     behaviour_logp, is_weight_mean / is_weight_max (of w, over the real tokens) and is_frac_truncated (the share of
     real tokens whose ratio was outside [is_floor, is_cap]: capped, raised to the floor or masked).
 
@@ -167,16 +169,19 @@ def _masked_stats(x: Tensor, mask: Tensor, prefix: str) -> dict[str, float]:
     return {f"{prefix}_mean": float(v.mean()), f"{prefix}_min": float(v.min()), f"{prefix}_max": float(v.max())}
 
 
-def _entropy(s: Support, mask: Tensor) -> dict[str, float]:
-    return {"entropy": float(aggregate(s.entropy.view(mask.shape), mask))}
+def _common(s: Support, mask: Tensor, adv: Tensor) -> dict[str, float]:
+    """Entropy of p, and the share of real tokens without signal (their response's advantage is exactly 0)."""
+    silent = (adv == 0)[:, None].expand(mask.shape).to(s.entropy.dtype)
+    entropy = aggregate(s.entropy.view(mask.shape), mask)
+    return {"entropy": float(entropy), "frac_no_signal": float(aggregate(silent, mask))}
 
 
-def _shared_metrics(s: Support, mask: Tensor) -> dict[str, float]:
-    """Entropy of p and KL(p || q) over the atoms, for the baselines (kl_after = kl_before: nothing projected)."""
+def _shared_metrics(s: Support, mask: Tensor, adv: Tensor) -> dict[str, float]:
+    """`_common` and KL(p || q) over the atoms, for the baselines (kl_after = kl_before: nothing projected)."""
     with torch.no_grad():
         kl = _masked_stats(support_kl(s).view(mask.shape), mask, "kl_before")
     out = {"kl_before_mean": kl["kl_before_mean"], "kl_before_max": kl["kl_before_max"]}
-    return _entropy(s, mask) | out | {"kl_after_mean": kl["kl_before_mean"], "kl_after_max": kl["kl_before_max"]}
+    return _common(s, mask, adv) | out | {"kl_after_mean": kl["kl_before_mean"], "kl_after_max": kl["kl_before_max"]}
 
 
 def _sequence_ratio(log_r: Tensor, mask: Tensor) -> Tensor:
@@ -294,9 +299,11 @@ def troll_loss(
     log_r = (proj.log_pi_y - s.lq.gather(-1, s.y[:, None])[:, 0]).view(mask.shape)
     ratio = _sequence_ratio(log_r, mask) if level == "sequence" else log_r.exp()
     policy = aggregate(_weigh(-adv[:, None] * ratio, w), mask, agg, norm_len)
-    regression = aggregate(atom_kl(s.lp, proj.logp.detach(), s.mask).view(mask.shape), mask, agg, norm_len)
+    # an inactive token has pi* = p: its regression term is 0, and so is its gradient (not rounding noise of it)
+    kl = torch.where(proj.dual.active, atom_kl(s.lp, proj.logp.detach(), s.mask), 0.0)
+    regression = aggregate(kl.view(mask.shape), mask, agg, norm_len)
     stats = proj.stats(mask.reshape(-1))
-    metrics = _entropy(s, mask) | {key: val for key, val in stats.items() if key.startswith("kl_")}
+    metrics = _common(s, mask, adv) | {key: val for key, val in stats.items() if key.startswith("kl_")}
     metrics |= {"policy": float(policy.detach()), "regression": float(regression.detach())}
     metrics |= {"frac_active": stats["frac_projected"]}
     metrics |= {f"dual_{key}": val for key, val in stats.items() if not key.startswith(("kl_", "frac_projected"))}
@@ -335,7 +342,7 @@ def ppo_clip(
     unclipped, clipped = ratio * a, ratio.clamp(1 - eps_low, 1 + eps_high) * a
     policy = aggregate(_weigh(-torch.minimum(unclipped, clipped), w), mask, agg, norm_len)
     frac = aggregate((clipped < unclipped).to(ratio.dtype), mask)
-    metrics = _shared_metrics(s, mask) | {
+    metrics = _shared_metrics(s, mask, adv) | {
         "policy": float(policy.detach()),
         "regression": 0.0,
         "frac_active": float(frac),
@@ -400,7 +407,7 @@ def dppo(
         out_down = (a < 0) & (d > thr) & (ratio < 1)
         keep = (~(out_up | out_down)).to(logp_y.dtype)
     policy = aggregate(_weigh(-a * ratio.detach().clamp_max(DPPO_RATIO_CAP) * keep * logp_y, w), mask, agg, norm_len)
-    metrics = _shared_metrics(s, mask)
+    metrics = _shared_metrics(s, mask, adv)
     metrics |= {"policy": float(policy.detach()), "regression": 0.0, "frac_active": float(aggregate(1 - keep, mask))}
     return policy, metrics | _masked_stats(ratio, mask, "ratio") | is_metrics
 
@@ -434,7 +441,7 @@ def cispo(
     capped = ratio.detach().clamp_max(1 + eps_high)
     policy = aggregate(_weigh(-adv[:, None] * capped * logp_y, w), mask, agg, norm_len)
     frac = aggregate((ratio.detach() > 1 + eps_high).to(ratio.dtype), mask)
-    metrics = _shared_metrics(s, mask) | {
+    metrics = _shared_metrics(s, mask, adv) | {
         "policy": float(policy.detach()),
         "regression": 0.0,
         "frac_active": float(frac),
