@@ -23,6 +23,7 @@ import runpy
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -50,7 +51,7 @@ def parity(completions: list[str], **_: object) -> list[float]:
     return [float(sum(map(ord, c)) % 2) for c in completions]
 
 
-def make_trainer(tokenizer, tmp_path: Path, model=None, **overrides) -> TROLLGRPOTrainer:
+def make_trainer(tokenizer, tmp_path: Path, model=None, peft_config=None, **overrides) -> TROLLGRPOTrainer:
     settings = dict(
         output_dir=str(tmp_path),
         per_device_train_batch_size=8,
@@ -74,6 +75,7 @@ def make_trainer(tokenizer, tmp_path: Path, model=None, **overrides) -> TROLLGRP
         args=TROLLConfig(**(settings | overrides)),
         train_dataset=data,
         processing_class=tokenizer,
+        peft_config=peft_config,
     )
 
 
@@ -132,11 +134,15 @@ def one_batch(trainer) -> tuple[dict, list[list[int]]]:
     return batch, unpadded
 
 
-def check_contract(trainer, agg, level, support, sampler=None, mode=None, clip_min=None, cap=None) -> dict:
-    """Generate one batch of 2 prompts x 4, move the weights, and assert that the trainer's compute_loss equals
-    troll_loss (test_loss_equals_troll_loss), the correction's reference built from sampler(batch) -> log mu(y)
+def check_contract(
+    trainer, agg, level, support, sampler=None, mode=None, clip_min=None, cap=None, move: float = 0.05
+) -> dict:
+    """Generate one batch of 2 prompts x 4, move the trained weights (by N(0, move^2) each; a LoRA model's trained
+    weights are its adapters), and assert that the trainer's compute_loss equals troll_loss at the trainer's
+    troll_eps (test_loss_equals_troll_loss), the correction's reference built from sampler(batch) -> log mu(y)
     [B, T] (NaN: unscored). Returns the mismatch metrics the reference expects (empty without a sampler)."""
     model = trainer.model
+    trained = [p for p in model.parameters() if p.requires_grad]
     model.train()
     torch.manual_seed(1)
     batch, unpadded = one_batch(trainer)
@@ -144,12 +150,12 @@ def check_contract(trainer, agg, level, support, sampler=None, mode=None, clip_m
     V = model.config.vocab_size
     with torch.no_grad():
         q_logits = completion_logits(model, unpadded, comp, 0.7, V)  # the weights that generated the batch
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
+        for p in trained:
+            p.add_(move * torch.randn_like(p))
 
     loss = trainer.compute_loss(model, batch)
     loss.backward()
-    got = [p.grad.clone() for p in model.parameters()]
+    got = [p.grad.clone() for p in trained]
     model.zero_grad()
 
     old = sparsify(q_logits.flatten(0, 1), comp.flatten(), k=64, delta=1e-5)
@@ -168,7 +174,7 @@ def check_contract(trainer, agg, level, support, sampler=None, mode=None, clip_m
         mask,
         batch["advantages"],
         old,
-        eps=EPS,
+        eps=trainer.args.troll_eps,
         agg=agg,
         norm_len=6,
         level=level,
@@ -178,9 +184,9 @@ def check_contract(trainer, agg, level, support, sampler=None, mode=None, clip_m
     assert batch["num_items_in_batch"] == mask.sum()  # so TRL's dapo normaliser is troll's token mean here
     want.backward()
 
-    assert metrics["frac_active"] > 0.1 and metrics["kl_before_max"] > EPS  # the trust region binds
+    assert metrics["frac_active"] > 0.1 and metrics["kl_before_max"] > trainer.args.troll_eps  # the region binds
     torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-7)
-    for g, p in zip(got, model.parameters(), strict=True):
+    for g, p in zip(got, trained, strict=True):
         torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-7)
     logged = trainer._metrics["train"]
     assert logged["troll/kl_after_max"] == [pytest.approx(metrics["kl_after_max"])]
@@ -229,6 +235,44 @@ def test_loss_equals_troll_loss(tokenizer, tmp_path, loss_type, level, agg, supp
     out = check_contract(trainer, agg, level, support, sampler, mode, clip_min, cap)
     if mode:  # the weight is real: some tokens re-weighted, some bounded (capped, floored or masked)
         assert out["is_weight_max"] > 1.0 and 0 < out["is_frac_truncated"] < 1 and out["mismatch_kl"] > 0.01
+
+
+def lora(rank: int = 8) -> Any:
+    """PEFT's LoRA on every linear layer of the decoder, no dropout (so the loss scores the policy that sampled)."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear", lora_dropout=0.0)
+
+
+def test_peft_config_loss_equals_troll_loss(tokenizer, tmp_path):
+    """With peft_config, TRL wraps the model in LoRA adapters, and the contract holds for them: with the adapters
+    moved away from the ones that generated the batch, compute_loss equals troll_loss in value and in every
+    adapter's gradient, and nothing else has a gradient. (Adapters on the decoder's linear layers move this tiny
+    model's outputs less than moving every weight: a larger move and a tighter region, so that it binds.)"""
+    pytest.importorskip("peft")
+    trainer = make_trainer(tokenizer, tmp_path, peft_config=lora(), troll_eps=0.01)
+    names = [name for name, p in trainer.model.named_parameters() if p.requires_grad]
+    assert names and all(".lora_A." in name or ".lora_B." in name for name in names)
+    check_contract(trainer, "token-mean", "token", "rest", move=0.3)
+    assert all(p.grad is None for p in trainer.model.parameters() if not p.requires_grad)
+
+
+def test_peft_config_trains_only_the_adapters(tokenizer, tmp_path):
+    """Two TROLL steps with peft_config: every base weight is bit-identical afterwards, every adapter has moved,
+    and each step's update stays in the trust region."""
+    pytest.importorskip("peft")
+    eps = 0.01  # as in test_peft_config_loss_equals_troll_loss
+    settings = dict(max_steps=2, num_iterations=2, learning_rate=5e-2, troll_eps=eps)
+    trainer = make_trainer(tokenizer, tmp_path, peft_config=lora(), **settings)
+    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert len(logs) == 2 and all(h["troll/kl_after_max"] <= eps + 1e-5 for h in logs)
+    assert max(h["troll/kl_before_max"] for h in logs) > eps  # the second pass over a batch is projected back
+    moved = {name: not torch.equal(p, trainer.model.get_parameter(name)) for name, p in before.items()}
+    adapters = {name for name in moved if ".lora_" in name}
+    assert len(adapters) == 2 * 7 * 2  # A and B of 7 linear layers in each of 2 decoder layers
+    assert all(moved[name] for name in adapters) and not any(moved[name] for name in moved.keys() - adapters)
 
 
 def vllm_first_batch(out: str) -> dict:
