@@ -10,8 +10,9 @@ The sampler's log-probs enter at TRL's own seam: `GRPOTrainer._generate_single_t
 log-probs), which its vLLM branch fills from the engine and its transformers branch leaves None; TRL pads them
 into the batch field "sampling_per_token_logps". `inject_sampler` wraps that method to return the generating
 model's log-prob of each sampled token plus noise (so mu != q) and one None (a token vLLM could not score). TRL's
-vLLM colocate path itself cannot train with the installed vLLM CPU build (TRL's weight sync into the engine fails,
-docs/results.md); `test_vllm_colocate_first_batch` runs it on the one batch that needs no sync.
+vLLM colocate path runs on the installed vLLM CPU build too: `test_vllm_colocate_first_batch` holds the contract
+with vLLM's own log-probs, and `test_vllm_colocate_trains` trains two steps, full and LoRA, through the trainer's
+weight sync (TRL's own fails there, docs/results.md), checking that the engine follows the trainer.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import runpy
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -50,7 +52,7 @@ def parity(completions: list[str], **_: object) -> list[float]:
     return [float(sum(map(ord, c)) % 2) for c in completions]
 
 
-def make_trainer(tokenizer, tmp_path: Path, model=None, **overrides) -> TROLLGRPOTrainer:
+def make_trainer(tokenizer, tmp_path: Path, model=None, peft_config=None, **overrides) -> TROLLGRPOTrainer:
     settings = dict(
         output_dir=str(tmp_path),
         per_device_train_batch_size=8,
@@ -74,6 +76,7 @@ def make_trainer(tokenizer, tmp_path: Path, model=None, **overrides) -> TROLLGRP
         args=TROLLConfig(**(settings | overrides)),
         train_dataset=data,
         processing_class=tokenizer,
+        peft_config=peft_config,
     )
 
 
@@ -132,11 +135,15 @@ def one_batch(trainer) -> tuple[dict, list[list[int]]]:
     return batch, unpadded
 
 
-def check_contract(trainer, agg, level, support, sampler=None, mode=None, clip_min=None, cap=None) -> dict:
-    """Generate one batch of 2 prompts x 4, move the weights, and assert that the trainer's compute_loss equals
-    troll_loss (test_loss_equals_troll_loss), the correction's reference built from sampler(batch) -> log mu(y)
+def check_contract(
+    trainer, agg, level, support, sampler=None, mode=None, clip_min=None, cap=None, move: float = 0.05
+) -> dict:
+    """Generate one batch of 2 prompts x 4, move the trained weights (by N(0, move^2) each; a LoRA model's trained
+    weights are its adapters), and assert that the trainer's compute_loss equals troll_loss at the trainer's
+    troll_eps (test_loss_equals_troll_loss), the correction's reference built from sampler(batch) -> log mu(y)
     [B, T] (NaN: unscored). Returns the mismatch metrics the reference expects (empty without a sampler)."""
     model = trainer.model
+    trained = [p for p in model.parameters() if p.requires_grad]
     model.train()
     torch.manual_seed(1)
     batch, unpadded = one_batch(trainer)
@@ -144,12 +151,12 @@ def check_contract(trainer, agg, level, support, sampler=None, mode=None, clip_m
     V = model.config.vocab_size
     with torch.no_grad():
         q_logits = completion_logits(model, unpadded, comp, 0.7, V)  # the weights that generated the batch
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
+        for p in trained:
+            p.add_(move * torch.randn_like(p))
 
     loss = trainer.compute_loss(model, batch)
     loss.backward()
-    got = [p.grad.clone() for p in model.parameters()]
+    got = [p.grad.clone() for p in trained]
     model.zero_grad()
 
     old = sparsify(q_logits.flatten(0, 1), comp.flatten(), k=64, delta=1e-5)
@@ -168,7 +175,7 @@ def check_contract(trainer, agg, level, support, sampler=None, mode=None, clip_m
         mask,
         batch["advantages"],
         old,
-        eps=EPS,
+        eps=trainer.args.troll_eps,
         agg=agg,
         norm_len=6,
         level=level,
@@ -178,9 +185,9 @@ def check_contract(trainer, agg, level, support, sampler=None, mode=None, clip_m
     assert batch["num_items_in_batch"] == mask.sum()  # so TRL's dapo normaliser is troll's token mean here
     want.backward()
 
-    assert metrics["frac_active"] > 0.1 and metrics["kl_before_max"] > EPS  # the trust region binds
+    assert metrics["frac_active"] > 0.1 and metrics["kl_before_max"] > trainer.args.troll_eps  # the region binds
     torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-7)
-    for g, p in zip(got, model.parameters(), strict=True):
+    for g, p in zip(got, trained, strict=True):
         torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-7)
     logged = trainer._metrics["train"]
     assert logged["troll/kl_after_max"] == [pytest.approx(metrics["kl_after_max"])]
@@ -231,11 +238,48 @@ def test_loss_equals_troll_loss(tokenizer, tmp_path, loss_type, level, agg, supp
         assert out["is_weight_max"] > 1.0 and 0 < out["is_frac_truncated"] < 1 and out["mismatch_kl"] > 0.01
 
 
+def lora(rank: int = 8) -> Any:
+    """PEFT's LoRA on every linear layer of the decoder, no dropout (so the loss scores the policy that sampled)."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear", lora_dropout=0.0)
+
+
+def test_peft_config_loss_equals_troll_loss(tokenizer, tmp_path):
+    """With peft_config, TRL wraps the model in LoRA adapters, and the contract holds for them: with the adapters
+    moved away from the ones that generated the batch, compute_loss equals troll_loss in value and in every
+    adapter's gradient, and nothing else has a gradient. (Adapters on the decoder's linear layers move this tiny
+    model's outputs less than moving every weight: a larger move and a tighter region, so that it binds.)"""
+    pytest.importorskip("peft")
+    trainer = make_trainer(tokenizer, tmp_path, peft_config=lora(), troll_eps=0.01)
+    names = [name for name, p in trainer.model.named_parameters() if p.requires_grad]
+    assert names and all(".lora_A." in name or ".lora_B." in name for name in names)
+    check_contract(trainer, "token-mean", "token", "rest", move=0.3)
+    assert all(p.grad is None for p in trainer.model.parameters() if not p.requires_grad)
+
+
+def test_peft_config_trains_only_the_adapters(tokenizer, tmp_path):
+    """Two TROLL steps with peft_config: every base weight is bit-identical afterwards, every adapter has moved,
+    and each step's update stays in the trust region."""
+    pytest.importorskip("peft")
+    eps = 0.01  # as in test_peft_config_loss_equals_troll_loss
+    settings = dict(max_steps=2, num_iterations=2, learning_rate=5e-2, troll_eps=eps)
+    trainer = make_trainer(tokenizer, tmp_path, peft_config=lora(), **settings)
+    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert len(logs) == 2 and all(h["troll/kl_after_max"] <= eps + 1e-5 for h in logs)
+    assert max(h["troll/kl_before_max"] for h in logs) > eps  # the second pass over a batch is projected back
+    moved = {name: not torch.equal(p, trainer.model.get_parameter(name)) for name, p in before.items()}
+    adapters = {name for name in moved if ".lora_" in name}
+    assert len(adapters) == 2 * 7 * 2  # A and B of 7 linear layers in each of 2 decoder layers
+    assert all(moved[name] for name in adapters) and not any(moved[name] for name in moved.keys() - adapters)
+
+
 def vllm_first_batch(out: str) -> dict:
     """The contract through TRL's vLLM colocate path (worker of test_vllm_colocate_first_batch): the engine loads
-    the tiny model from disk, samples batch 0 with the weights it loaded (TRL's weight sync, which would fail on the
-    CPU build, is skipped: it would push the same weights), and the batch's "sampling_per_token_logps" are vLLM's.
-    Returns check_contract's metrics, the engine's dtype and what TRL's weight sync then does."""
+    the tiny model from disk, samples batch 0 after TRL's first weight sync (the same weights), and the batch's
+    "sampling_per_token_logps" are vLLM's. Returns check_contract's metrics and the engine's dtype."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from troll.tiny import save_tiny
@@ -243,39 +287,145 @@ def vllm_first_batch(out: str) -> dict:
     made = train_tokenizer(addition.corpus(), vocab_size=300)
     path = save_tiny(tiny_llama(made, hidden=64, layers=2, heads=2, seed=0), made, Path(out) / "tiny")
     tokenizer, model = AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path)
-    vllm = dict(use_vllm=True, vllm_mode="colocate", vllm_max_model_length=128, vllm_gpu_memory_utilization=0.3)
-    trainer = make_trainer(tokenizer, Path(out) / "run", model=model, **vllm)
-    trainer._last_loaded_step = 0  # TRL syncs weights before a step's first generation unless this says it did
+    trainer = make_trainer(tokenizer, Path(out) / "run", model=model, **VLLM)
     result = check_contract(
         trainer, "token-mean", "token", "rest", lambda batch: batch["sampling_per_token_logps"], "truncate", None, 2.0
     )
-    try:
-        trainer.vllm_generation.sync_weights()
-        result["sync"] = "ok"
-    except Exception as e:  # recorded, and asserted on by the test
-        result["sync"] = f"{type(e).__name__}: {e}"
     result["dtype"] = str(trainer.vllm_generation.llm.llm_engine.model_config.dtype)
     return result
 
 
-@pytest.mark.slow
-def test_vllm_colocate_first_batch(tmp_path):
-    """TRL's own vLLM path (colocate, the installed vLLM CPU build), in a subprocess (the engine initialises
-    torch.distributed in its process): the loss equals troll_loss with behaviour_logp = vLLM's log-probs, and the
-    mismatch logged is vLLM's bf16 against the trainer's float32. TRL's weight sync into the CPU engine fails
-    (docs/results.md), so training through it does not run here; this test says when that changes."""
-    pytest.importorskip("vllm")
+def run_worker(tmp_path: Path, call: str) -> dict:
+    """`test_trl.<call>` in a new process (the engine initialises torch.distributed in its process), in vLLM's
+    in-process mode with a 1 GiB KV cache; returns what it returns."""
     code = f"import json, sys; sys.path.insert(0, {str(ROOT / 'tests')!r}); import test_trl; "
-    code += "json.dump(test_trl.vllm_first_batch(sys.argv[1]), open(sys.argv[1] + '/out.json', 'w'))"
+    code += f"json.dump(test_trl.{call}, open(sys.argv[1] + '/out.json', 'w'))"
     env = os.environ | {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
     env |= {"OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    out = json.loads((tmp_path / "out.json").read_text())
+    return json.loads((tmp_path / "out.json").read_text())
+
+
+VLLM = dict(use_vllm=True, vllm_mode="colocate", vllm_max_model_length=128, vllm_gpu_memory_utilization=0.3)
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_vllm_colocate_first_batch(tmp_path):
+    """TRL's own vLLM path (colocate, the installed vLLM CPU build): the loss equals troll_loss with
+    behaviour_logp = vLLM's log-probs, and the mismatch logged is vLLM's bf16 against the trainer's float32."""
+    pytest.importorskip("vllm")
+    out = run_worker(tmp_path, "vllm_first_batch(sys.argv[1])")
     assert out["dtype"] == "torch.bfloat16"  # vLLM's "auto" for a float32 checkpoint; the trainer runs float32
     assert 1e-3 < out["mismatch_logratio_absmax"] < 1.0 and out["mismatch_kl"] > 0
     assert out["is_weight_max"] > 1.0  # the correction acts on vLLM's real mismatch
-    assert "weight_loader" in out["sync"], f"TRL's sync into vLLM CPU now gives {out['sync']!r}: update the docs"
+
+
+PROBE = torch.randint(270, (32,), generator=torch.Generator().manual_seed(1234))  # ids of the tiny tokenizer
+
+
+def engine_probe(llm: Any) -> torch.Tensor:
+    """The engine's log-probs of PROBE[1:] given its prefix (prompt log-probs: temperature 1, no mask), as
+    troll.vllm_engine.VLLMGenerator.probe_logprobs scores them."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False, flat_logprobs=True)
+    flat = llm.generate([{"prompt_token_ids": PROBE.tolist()}], params, use_tqdm=False)[0].prompt_logprobs
+    return torch.tensor([flat.logprobs[s] for s in flat.start_indices[1:]])
+
+
+@torch.no_grad()
+def model_probe(model: Any) -> torch.Tensor:
+    """The training model's log-probs of PROBE[1:] given its prefix, the way engine_probe scores them."""
+    logits = model(input_ids=PROBE[None]).logits[0, :-1].float()
+    return logits.log_softmax(-1).gather(-1, PROBE[1:, None])[:, 0]
+
+
+def vllm_colocate_steps(out: str, adapters: bool) -> dict:
+    """Two TROLL steps through TRL's vLLM colocate path on the CPU build (worker of test_vllm_colocate_trains), the
+    whole model or LoRA adapters (peft_config), with a float32 engine: TRL builds it with vLLM's dtype "auto"
+    (bf16 for this checkpoint), which the CPU backend repacks only on CPUs with bf16 matrix instructions (AVX512-BF16,
+    AMX); float32 layers it repacks wherever oneDNN runs, so TRL's own sync fails here on any x86 CPU. Every sync
+    is probed: the engine's log-probs of PROBE before and after it against the trainer's. Returns per sync its step,
+    error (the engine after it against the trainer), stale (the engine before it against the trainer) and seconds;
+    the global step at each generation; the logged mismatch per step; which parameters changed; the engine's
+    dtype; the training time; and what TRL's own sync (VLLMGeneration.sync_weights) then does."""
+    import functools
+    import time
+    import traceback
+
+    import trl.generation.vllm_generation as trl_vllm
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from troll.tiny import save_tiny
+
+    made = train_tokenizer(addition.corpus(), vocab_size=300)
+    path = save_tiny(tiny_llama(made, hidden=64, layers=2, heads=2, seed=0), made, Path(out) / "tiny")
+    tokenizer, model = AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path)
+    trl_vllm.LLM = functools.partial(trl_vllm.LLM, dtype="float32")  # the engine TRL builds (docstring)
+    settings = dict(max_steps=2, learning_rate=5e-2 if adapters else 1e-2, troll_eps=0.01 if adapters else EPS)
+    trainer = make_trainer(tokenizer, Path(out) / "run", model, lora() if adapters else None, **settings, **VLLM)
+    gen = trainer.vllm_generation
+    syncs, generations, sync, generate = [], [], gen.sync_weights, gen.generate
+
+    def probed_sync() -> None:
+        stale, start = engine_probe(gen.llm), time.perf_counter()
+        sync()
+        seconds, ref = time.perf_counter() - start, model_probe(trainer.model)
+        error, stale = (engine_probe(gen.llm) - ref).abs().max().item(), (stale - ref).abs().max().item()
+        syncs.append(dict(step=trainer.state.global_step, error=error, stale=stale, seconds=seconds))
+
+    def counted_generate(*args: Any, **kwargs: Any) -> Any:
+        generations.append(trainer.state.global_step)
+        return generate(*args, **kwargs)
+
+    gen.sync_weights, gen.generate = probed_sync, counted_generate
+    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    start = time.perf_counter()
+    trainer.train()
+    seconds = time.perf_counter() - start
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    changed = {name: not torch.equal(p, trainer.model.get_parameter(name)) for name, p in before.items()}
+    try:  # last: with LoRA, TRL's sync merges the adapters into the base first, and fails before it unmerges
+        type(gen).sync_weights(gen)  # TRL's own
+        trl_sync = "ok"
+    except Exception as e:  # recorded, with the frame that raised, and asserted on by the test
+        frame = traceback.extract_tb(e.__traceback__)[-1]
+        trl_sync = f"{type(e).__name__}: {e} ({Path(frame.filename).name}:{frame.lineno}, {frame.name})"
+    return dict(
+        syncs=syncs,
+        generations=generations,
+        mismatch=[h["troll/mismatch_logratio_absmax"] for h in logs],
+        changed=changed,
+        dtype=str(gen.llm.llm_engine.model_config.dtype),
+        seconds=seconds,
+        trl_sync=trl_sync,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.parametrize("adapters", [False, True], ids=["full", "lora"])
+def test_vllm_colocate_trains(tmp_path, adapters):
+    """Two TROLL steps through TRL's vLLM colocate path on the CPU build, where TRL's own weight sync fails on the
+    repacked layers: TROLLGRPOTrainer's sync (vLLM's in-place reload_weights) runs before each generation, and
+    after the first update the engine follows the trainer: its probe log-probs, off by 0.1 or more before the
+    sync, match the trainer's to float32 precision after it, and step 2's samples show the same small mismatch as
+    step 1's. With peft_config only the adapters train and the engine gets them merged."""
+    pytest.importorskip("vllm")
+    out = run_worker(tmp_path, f"vllm_colocate_steps(sys.argv[1], {adapters})")
+    assert out["dtype"] == "torch.float32"
+    assert "'Parameter' object has no attribute 'weight_loader'" in out["trl_sync"], out["trl_sync"]
+    assert out["generations"] == [0, 1] and [s["step"] for s in out["syncs"]] == [0, 1]  # a sync before each
+    first, second = out["syncs"]
+    assert first["stale"] < 1e-3 and first["error"] < 1e-3  # the engine loaded these weights from disk
+    assert second["stale"] > 0.1 and second["error"] < 1e-3  # the update moved the model; the sync moved the engine
+    assert all(m < 1e-3 for m in out["mismatch"]), out["mismatch"]  # step 2 sampled with the updated weights
+    adapter = {name: moved for name, moved in out["changed"].items() if ".lora_" in name}
+    base = {name: moved for name, moved in out["changed"].items() if ".lora_" not in name}
+    assert bool(adapter) == adapters and all(adapter.values())
+    assert all(base.values()) if not adapters else not any(base.values())
 
 
 @pytest.mark.parametrize("mode", ["truncate", "sequence_truncate"])

@@ -5,7 +5,8 @@
     TROLLGRPOTrainer(model=..., reward_funcs=..., args=args, train_dataset=...).train()
 
 Everything but the steps below is TRL's own: generation (transformers, or vLLM server / colocate), rewards,
-advantages, batching over `steps_per_generation` and `num_iterations`, accelerate / DeepSpeed / FSDP, optimiser,
+advantages, batching over `steps_per_generation` and `num_iterations`, accelerate / DeepSpeed / FSDP, PEFT
+(`peft_config=LoraConfig(...)`: TRL wraps the model, only the adapters train, on the TROLL loss), optimiser,
 logging and checkpoints. What TROLL adds or replaces:
 
   old policy   right after TRL generates and scores a batch, one no-grad forward of the training model over
@@ -46,6 +47,12 @@ logging and checkpoints. What TROLL adds or replaces:
 
                so each TRL normalisation is reproduced exactly (dapo: the sum over the generation batch divided by
                its token count, as in TRL). With one process and GA = spg = 1 the loss is troll_loss itself.
+  vLLM on CPU  TRL 1.16's weight sync into a colocated engine (`VLLMGeneration.sync_weights`) hands each tensor to
+               the vLLM model's `load_weights`, which fails on the layers vLLM's CPU backend repacked for its kernels
+               (float32 layers wherever oneDNN runs; bf16 ones on CPUs with AVX512-BF16 or AMX): "'Parameter' object
+               has no attribute 'weight_loader'". On vLLM's CPU platform the trainer replaces that one method with
+               vLLM's in-place `reload_weights`, as troll.vllm_engine pushes (`_reload_vllm_weights`; a LoRA model's
+               adapted layers merged out of place, `vllm_weights`). On GPU TRL's own sync stays.
   metrics      every troll_loss metric as "troll/<key>" through TRL's logger, merged over processes by
                troll.metrics.merge ("_max" keys the max, "_min" keys the min, the rest the mean; the mismatch
                metrics weighted by each process's real tokens, so the mean is over the whole generation batch).
@@ -60,15 +67,17 @@ Memory: the loss needs the full [b, T, V] logits of a micro-batch (TRL's own los
 The stored q costs about (8 + 4 + 1) * (K + 1) bytes per completion token on the device.
 
 Supported TRL versions: TRL_VERSIONS (this module overrides `GRPOTrainer._generate_and_score_completions` and
-`compute_loss`, whose contracts change between minor releases); others fail at import with the install command.
-With the vLLM CPU build (0.32) TRL's colocate engine starts and samples, but TRL's weight sync into it fails
-(docs/results.md, TRL with vLLM on CPU); tests/test_trl.py checks the vLLM path on its first batch.
+`compute_loss`, whose contracts change between minor releases, and, on vLLM's CPU platform only,
+`VLLMGeneration.sync_weights`); others fail at import with the install command. With the vLLM CPU build (0.32),
+TRL's colocate mode trains through TROLLGRPOTrainer, full model or LoRA: tests/test_trl.py runs two steps of each
+and checks that the engine follows the trainer after every sync (docs/results.md, TRL with vLLM on CPU).
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,6 +87,7 @@ from packaging.version import Version
 from torch import Tensor
 
 from troll.diagnostics import mismatch_at
+from troll.lora import base_weights, engine_weights, is_lora
 from troll.losses import IS_MODES, troll_loss
 from troll.metrics import merge
 from troll.policy import packed_logits
@@ -194,6 +204,25 @@ class TROLLGRPOTrainer(GRPOTrainer):
         # would otherwise recompute log-probs TROLL's q already holds and weigh a loss TROLL does not use
         self.troll_correction = config.vllm_importance_sampling_correction
         self.vllm_importance_sampling_correction = False
+        if self.use_vllm and self.vllm_mode == "colocate" and _vllm_on_cpu():
+            self.vllm_generation.sync_weights = self._reload_vllm_weights  # TRL's own fails on CPU (its docstring)
+
+    # ------------------------------------------------------------------------------------------ weight sync
+
+    @torch.no_grad()
+    def _reload_vllm_weights(self) -> None:
+        """Replaces TRL 1.16's `VLLMGeneration.sync_weights` (trl/generation/vllm_generation.py) in colocate mode on
+        vLLM's CPU build, where it fails: TRL hands each tensor to the vLLM model's `load_weights`, whose loaders
+        live on the parameters the CPU backend replaced when it repacked its linear layers for its kernels
+        (`AttributeError: 'Parameter' object has no attribute 'weight_loader'`). vLLM's in-place `reload_weights`
+        (reached by `collective_rpc`, the worker's own method, as troll.vllm_engine pushes) puts the loadable
+        parameters back, loads, and repacks. What it gets: `vllm_weights`, every tensor of the engine's model, a
+        LoRA model's adapted layers merged out of place. Then the prefix cache is reset, as TRL does.
+        On GPU TRL's own sync stays: it works there and gathers sharded weights (ZeRO-3, FSDP), which this does not."""
+        model = self.accelerator.unwrap_model(self.model)
+        llm = self.vllm_generation.llm
+        llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=vllm_weights(model)))
+        llm.reset_prefix_cache()
 
     # ------------------------------------------------------------------------------------------ old policy
 
@@ -308,6 +337,31 @@ class TROLLGRPOTrainer(GRPOTrainer):
         merged = merge([(row[0], dict(zip(keys, row[1:], strict=True))) for row in every.tolist()])
         for key, value in merged.items():
             self._metrics[mode][f"troll/{key}"].append(value)
+
+
+def _vllm_on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
+def vllm_weights(model: Any) -> Iterator[tuple[str, Tensor]]:
+    """Every tensor vLLM's model is built from, under the base model's names, one at a time: a plain model's state
+    dict (a tied lm_head included), or a LoRA model's base with each adapted layer merged out of place
+    (troll.lora.engine_weights: W + (alpha / r) B A in float32; the trainer's W is never touched). All of them, as
+    TRL's own sync sends: TRL's engine loads the base from `name_or_path` on disk, which need not hold the
+    trainer's base (a model changed in memory before training)."""
+    if not is_lora(model):
+        yield from model.state_dict().items()
+        return
+    merged = engine_weights(model)  # the adapted layers in the model's order, which is its state dict's
+    pending = next(merged, None)
+    for name, tensor in base_weights(model).items():
+        if pending is not None and pending[0] == name:
+            tensor, pending = pending[1], next(merged, None)
+        yield name, tensor
+    if pending is not None:
+        raise RuntimeError(f"{pending[0]}: an adapted layer out of the base's state-dict order")
 
 
 def _loss_mask(batch: dict[str, Any]) -> Tensor:
