@@ -52,7 +52,9 @@ def parity(completions: list[str], **_: object) -> list[float]:
     return [float(sum(map(ord, c)) % 2) for c in completions]
 
 
-def make_trainer(tokenizer, tmp_path: Path, model=None, peft_config=None, **overrides) -> TROLLGRPOTrainer:
+def make_trainer(
+    tokenizer, tmp_path: Path, model=None, peft_config=None, reward=parity, **overrides
+) -> TROLLGRPOTrainer:
     settings = dict(
         output_dir=str(tmp_path),
         per_device_train_batch_size=8,
@@ -72,7 +74,7 @@ def make_trainer(tokenizer, tmp_path: Path, model=None, peft_config=None, **over
     data = Dataset.from_list([{"prompt": r["question"]} for r in addition.problems("train")[:64]])
     return TROLLGRPOTrainer(
         model=model or tiny_llama(tokenizer, hidden=64, layers=2, heads=2, seed=0),
-        reward_funcs=[parity],
+        reward_funcs=[reward],
         args=TROLLConfig(**(settings | overrides)),
         train_dataset=data,
         processing_class=tokenizer,
@@ -274,6 +276,21 @@ def test_peft_config_trains_only_the_adapters(tokenizer, tmp_path):
     adapters = {name for name in moved if ".lora_" in name}
     assert len(adapters) == 2 * 7 * 2  # A and B of 7 linear layers in each of 2 decoder layers
     assert all(moved[name] for name in adapters) and not any(moved[name] for name in moved.keys() - adapters)
+
+
+@pytest.mark.parametrize("support", ["rest", "paper"])
+@pytest.mark.parametrize("loss_type, level", [("dapo", "token"), ("grpo", "token"), ("dr_grpo", "token"),
+                                              ("dapo", "sequence")])  # fmt: skip
+def test_a_step_without_signal_leaves_the_weights_bit_identical(tokenizer, tmp_path, loss_type, level, support):
+    """Every reward equal, so every advantage 0: TRL's first optimiser step on the TROLL loss leaves every weight
+    bit-identical, as it does with TRL's own loss (AdamW turns a gradient of rounding noise into a full step)."""
+    settings = dict(max_steps=1, loss_type=loss_type, troll_support=support, importance_sampling_level=level)
+    trainer = make_trainer(tokenizer, tmp_path, reward=lambda completions, **_: [1.0] * len(completions), **settings)
+    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    trainer.train()
+    (log,) = [h for h in trainer.state.log_history if "loss" in h]
+    assert log["troll/frac_no_signal"] == 1.0
+    assert all(torch.equal(p, trainer.model.get_parameter(name)) for name, p in before.items())
 
 
 def vllm_first_batch(out: str) -> dict:
