@@ -24,9 +24,10 @@ Choices:
   AdamW states are float32 (PEFT casts adapters up). On CPU (tests, the tiny task) everything is float32.
 - The sampler gets `engine_weights`: every tensor under the base model's names, each adapted weight merged out of
   place in float32 (W + (alpha / r) B A), so the trainer's W is never rounded (merging in place and unmerging,
-  TRL's way, adds the bf16 rounding of every merge to the base). Every tensor, not only the adapted ones: vLLM
-  reloads a layer whole (its fused q/k/v projection, its bias) and keeps a layer that gets nothing only with a
-  warning, so a partial push is fragile for a saving of the embeddings alone (all-linear adapts the rest). In a
+  TRL's way, adds the bf16 rounding of every merge to the base). Every tensor, not only the adapted ones: vLLM's
+  in-place reload works layer by layer (a fused q/k/v projection, its bias) and warns for each layer a push
+  leaves out, so a partial push leans on its internals for a saving of the embeddings alone (all-linear adapts
+  the rest). In a
   bf16 engine the merged weight is rounded once: a sampler mismatch like any other, logged as `mismatch_*` and
   corrected by `--is_correction tis` (docs/algorithm.md, section 10).
 - A checkpoint holds the adapters and the optimiser, not the base: the base is `Config.model`, or `<out>/base` for a
