@@ -5,13 +5,20 @@ chunked output layer (`LMHead`) vs full logits, gradient checkpointing on vs off
     .venv/bin/python bench/real_shapes.py --plan quick        # Qwen2.5-0.5B, ckpt on, 4 variants (~3 min)
     .venv/bin/python bench/real_shapes.py --plan full         # every model x variant x row count (~1.5 h)
     .venv/bin/python bench/real_shapes.py --models qwen3-0.6b --rows 1,2 --losses troll --heads chunked
+    .venv/bin/python bench/real_shapes.py --lora 32 --layers 2 --response 1024 --models qwen3-1.7b --rows 1,2 \
+        --losses troll --heads chunked --ckpt on                # LoRA, the model cut to 2 layers (troll/memory.py)
 
-Models (published configs, `MODELS` from troll.standin; random weights, float32 on CPU; vocabulary 151,936 =
-the output layer, tokenizer 151,665 / 151,669 ids, the rest masked as in training; all three tie input and
-output embeddings):
+Models (published configs, `MODELS` from troll.standin, which lists them all; random weights, float32 on CPU;
+Qwen's vocabulary 151,936 = the output layer, tokenizer 151,665 / 151,669 ids, the rest masked as in training):
     qwen2.5-0.5b  24 layers, hidden 896,  14 heads / 2 KV heads (head_dim 64),  MLP 4,864,  qkv bias   0.49B
     qwen3-0.6b    28 layers, hidden 1024, 16 heads / 8 KV heads (head_dim 128), MLP 3,072,  q/k RMSNorm 0.60B
     qwen2.5-1.5b  28 layers, hidden 1536, 12 heads / 2 KV heads (head_dim 128), MLP 8,960,  qkv bias   1.54B
+    qwen3-1.7b, qwen3-4b, qwen3-8b, llama3.1-8b   the papers' models (troll.standin), for the LoRA variant
+`--layers n` cuts a model to its first n layers at the full width (a 4B or 8B model does not fit 24 GB of RAM in
+float32): troll/memory.py extrapolates per layer. `--lora r` trains rank-r PEFT adapters on all-linear
+(`troll.lora.add_adapters`, alpha 32) on the frozen base instead of every weight: the optimiser and "fixed" then
+hold the adapters only. `--response 1024` (the presets' completion limit) fills the chunked head's 1,024 rows at
+one row, so its [chunk, V] buffers are the same at every row count and the fit's slope is activations only.
 A GPU run holds float32 weights too (policy.build_model) and computes under bf16 autocast; here everything is
 float32, so activations and logits are counted at 4 bytes (troll/memory.py derives the GPU figure and says
 which terms scale).
@@ -60,16 +67,19 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's troll, before _util imports it
 from _util import comma_list, int_at_least, positive_float  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from troll.diagnostics import proc_status_bytes, reset_peak_rss  # noqa: E402
+from troll.lora import add_adapters  # noqa: E402
 from troll.losses import ppo_clip, troll_loss  # noqa: E402
 from troll.policy import packed_logits  # noqa: E402
 from troll.sparse import sparsify  # noqa: E402
-from troll.standin import ARCHS, VOCAB, build  # noqa: E402
+from troll.standin import ARCHS, build  # noqa: E402
 
 MODELS = {name: arch for name, arch in ARCHS.items() if name != "tiny"}  # the published shapes (troll.standin)
+LORA_ALPHA = 32.0  # the adapters' scale; B = 0 at the start, so it changes no memory
 COUNT_ADAM = {"qwen2.5-1.5b"}  # AdamW states counted, not allocated (module docstring)
 LOSSES = {"troll": troll_loss, "clip": ppo_clip}
 KWARGS = {"troll": dict(eps=0.05, alpha=1.0), "clip": dict(eps_low=0.2, eps_high=0.2)}
@@ -93,10 +103,11 @@ def make_batch(rows: int, response: int, vocab: int, seed: int = 0):
     return ids, attn, ids[:, PROMPT:], mask, adv
 
 
-def policy(model, ids, attn, T: int, chunked: bool, temperature: float, vocab: int):
+def policy(model, ids, attn, T: int, chunk: int, temperature: float, vocab: int):
     """Current policy at the completion positions, as the trainer computes it (`policy.packed_logits`): full
-    logits [B, T, V], or chunked, an LMHead over the hidden states [B, T, H] (the presets' 1,024 rows)."""
-    return packed_logits(model, ids, attn, T, temperature, vocab, chunk_rows=1024 if chunked else 0)
+    logits [B, T, V] (chunk 0), or an LMHead over the hidden states [B, T, H] in `chunk`-row chunks (the presets'
+    1,024 rows)."""
+    return packed_logits(model, ids, attn, T, temperature, vocab, chunk_rows=chunk)
 
 
 def _status(key: str) -> float:
@@ -112,14 +123,17 @@ def child(spec: dict) -> dict:
     """One variant in this process: returns GB and seconds per phase."""
     torch.manual_seed(0)
     t0 = time.perf_counter()
-    model = build(spec["model"])
+    model = build(spec["model"], layers=spec.get("layers") or None)
+    base_params = sum(p.numel() for p in model.parameters())
     if spec["ckpt"]:
         model.gradient_checkpointing_enable()
+    if spec.get("lora"):  # PEFT adapters on the frozen base (troll.lora), as policy.adapt adds them
+        model = add_adapters(model, spec["lora"], LORA_ALPHA, "all-linear")
     model.train()
-    params = list(model.parameters())
+    params = [p for p in model.parameters() if p.requires_grad]
     n_params = sum(p.numel() for p in params)
     opt = torch.optim.AdamW(params, lr=1e-6)
-    count_adam = spec["model"] in COUNT_ADAM
+    count_adam = spec["model"] in COUNT_ADAM and not spec.get("lora")
     if not count_adam:
         for p in params:
             opt.state[p] = {
@@ -127,25 +141,26 @@ def child(spec: dict) -> dict:
                 "exp_avg": torch.zeros_like(p),
                 "exp_avg_sq": torch.zeros_like(p),
             }
-    vocab = MODELS[spec["model"]]["tok"]
+    vocab, rows_out = MODELS[spec["model"]]["tok"], MODELS[spec["model"]]["vocab"]
     ids, attn, comp, mask, adv = make_batch(spec["rows"], spec["response"], vocab)
     T = comp.shape[1]
     gc.collect()
     adam = 8 * n_params / GB if count_adam else 0.0
-    out = dict(spec, params=n_params, fixed=_status("VmRSS") + adam, t_fixed=time.perf_counter() - t0)
-    chunked = spec["head"] == "chunked"
+    out = dict(spec, params=n_params, base_params=base_params, fixed=_status("VmRSS") + adam,
+               t_fixed=time.perf_counter() - t0)  # fmt: skip
+    chunk = spec.get("chunk", 1024) if spec["head"] == "chunked" else 0
 
     _reset_peak()
     t0 = time.perf_counter()
     with torch.no_grad():
-        x = policy(model, ids, attn, T, chunked, spec["old_temperature"], vocab)
-        old = sparsify(x.reshape(-1, VOCAB), comp.reshape(-1), k=64, delta=1e-5)
+        x = policy(model, ids, attn, T, chunk, spec["old_temperature"], vocab)
+        old = sparsify(x.reshape(-1, rows_out), comp.reshape(-1), k=64, delta=1e-5)
     del x
     out |= dict(old=_status("VmHWM") + adam, t_old=time.perf_counter() - t0)
 
     _reset_peak()
     t0 = time.perf_counter()
-    x = policy(model, ids, attn, T, chunked, 1.0, vocab)
+    x = policy(model, ids, attn, T, chunk, 1.0, vocab)
     loss, metrics = LOSSES[spec["loss"]](x, comp, mask, adv, old, agg="token-mean", norm_len=T, **KWARGS[spec["loss"]])
     out |= dict(fwd=_status("VmHWM") + adam)  # the update's peak up to the loss: weights + saved activations
     loss.backward()
@@ -170,7 +185,8 @@ def run_child(spec: dict) -> dict:
 
 def plan(args) -> list[dict]:
     """The variants to run: (model, loss, head, ckpt, rows)."""
-    base = dict(response=args.response, old_temperature=args.old_temperature)
+    base = dict(response=args.response, old_temperature=args.old_temperature, lora=args.lora, layers=args.layers,
+                chunk=args.chunk)  # fmt: skip
     grid = []
     if args.plan == "quick":
         grid = list(product(["qwen2.5-0.5b"], ["troll", "clip"], ["chunked", "full"], [True], [1]))
@@ -193,9 +209,14 @@ def plan(args) -> list[dict]:
     return [dict(base, model=m, loss=lo, head=h, ckpt=c, rows=r) for m, lo, h, c, r in grid]
 
 
+def _name(r: dict) -> str:
+    """The model as measured: "qwen3-8b/L2+lora32" is Qwen3-8B cut to 2 layers, rank-32 adapters."""
+    return r["model"] + (f"/L{r['layers']}" if r.get("layers") else "") + (f"+lora{r['lora']}" if r.get("lora") else "")
+
+
 def _key(r: dict, **change) -> tuple:
     r = r | change
-    return (r["model"], r["loss"], r["head"], r["ckpt"], r["rows"])
+    return (_name(r), r["loss"], r["head"], r["ckpt"], r["rows"])
 
 
 def report(results: list[dict]) -> None:
@@ -206,7 +227,7 @@ def report(results: list[dict]) -> None:
     print(f"\n{'model':13} {'loss':5} {'head':7} {'ckpt':4} {'tokens':>6} | {'fixed':>6} {'old':>6} {'update':>6}"
           f" {'upd-fix':>7} {'fwd':>6} GB | {'build':>5} {'old':>6} {'fwd+bwd':>7} {'update':>6} s | proj")  # fmt: skip
     for r in ok:
-        print(f"{r['model']:13} {r['loss']:5} {r['head']:7} {'on' if r['ckpt'] else 'off':4} {r['tokens']:6d} | "
+        print(f"{_name(r):13} {r['loss']:5} {r['head']:7} {'on' if r['ckpt'] else 'off':4} {r['tokens']:6d} | "
               f"{r['fixed']:6.2f} {r['old']:6.2f} {r['update']:6.2f} {r['update'] - r['fixed']:7.2f} "
               f"{r.get('fwd', float('nan')):6.2f}    | "
               f"{r['t_fixed']:5.1f} {r['t_old']:6.1f} {r['t_fwd_bwd']:7.1f} {r['t_update']:6.1f}   | "
@@ -235,7 +256,7 @@ def fit(ok: list[dict]) -> None:
     groups: dict[tuple, list[dict]] = {}
     for r in ok:
         if r["loss"] == "troll":
-            groups.setdefault((r["model"], r["head"], r["ckpt"]), []).append(r)
+            groups.setdefault((_name(r), r["head"], r["ckpt"]), []).append(r)
     for (m, h, c), rs in sorted(groups.items()):
         pts = sorted({r["tokens"]: r for r in rs}.values(), key=lambda r: r["tokens"])
         if len(pts) < 2:
@@ -287,6 +308,9 @@ def main() -> None:
     ap.add_argument("--rows", help="comma list of row counts (default 2)")
     ap.add_argument("--response", type=int_at_least(1), default=262, help="completion columns T (row = 250 + T tokens)")
     ap.add_argument("--old_temperature", type=positive_float, default=0.3)
+    ap.add_argument("--lora", type=int_at_least(0), default=0, help="rank-r adapters on all-linear (0: full FT)")
+    ap.add_argument("--layers", type=int_at_least(0), default=0, help="cut the model to this many layers (0: all)")
+    ap.add_argument("--chunk", type=int_at_least(1), default=1024, help="the chunked head's rows")
     ap.add_argument("--json", help="also write the raw results here")
     args = ap.parse_args()
     if args.rows and not all(r.isdigit() and int(r) >= 1 for r in args.rows.split(",")):

@@ -75,6 +75,48 @@ def test_standin_shapes_are_the_published_ones():
         assert model.get_output_embeddings().weight.shape == (VOCAB, ARCHS[name]["hidden"])
 
 
+PUBLISHED = {"qwen3-1.7b": 1_720_574_976, "qwen3-4b": 4_022_468_096, "qwen3-8b": 8_190_735_360,
+             "llama3.1-8b": 8_030_261_248}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_standin_shapes_of_the_papers_models(name):
+    """Qwen3-1.7B / 4B / 8B and Llama-3.1-8B on the meta device (no weights): the published parameter counts
+    (a tied embedding once), tied or not, and troll.memory's arithmetic gives the same count."""
+    from transformers import AutoModelForCausalLM
+
+    from troll.memory import arch_params
+
+    config = model_config(name)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    assert sum(p.numel() for p in model.parameters()) == PUBLISHED[name] == arch_params(name)
+    tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    assert tied == ARCHS[name]["tied"] == (name in ("qwen3-1.7b", "qwen3-4b"))
+    assert model.get_output_embeddings().weight.shape == (ARCHS[name]["vocab"], ARCHS[name]["hidden"])
+    if name == "llama3.1-8b":
+        assert config.model_type == "llama" and config.vocab_size == 128_256
+        assert config.rope_parameters["rope_type"] == "llama3" and config.rope_parameters["rope_theta"] == 500_000
+    with torch.device("meta"):  # cut to 2 layers at the full width (bench/real_shapes.py)
+        cut = AutoModelForCausalLM.from_config(model_config(name, layers=2))
+    assert len(cut.model.layers) == 2 and cut.config.hidden_size == ARCHS[name]["hidden"]
+
+
+def test_standin_tokenizer_in_a_llama_folder_reloads_as_itself(tmp_path, gsm8k_dir):
+    """A Llama-architecture folder (model_type llama) holding the stand-in tokenizer: AutoTokenizer reloads the
+    class tokenizer_config.json names (Qwen2Tokenizer), with the same size and ids."""
+    from transformers import AutoTokenizer
+
+    built = standin_tokenizer(texts(gsm8k_dir), size=4096)
+    model_config("llama3.1-8b", vocab=4096).save_pretrained(tmp_path)
+    built.save_pretrained(tmp_path)
+    loaded = AutoTokenizer.from_pretrained(tmp_path)
+    assert type(loaded).__name__ == type(built).__name__ == "Qwen2Tokenizer" and len(loaded) == len(built) == 4096
+    for t in texts(gsm8k_dir)[:30]:
+        assert loaded(t)["input_ids"] == built(t)["input_ids"]
+    assert loaded.eos_token == "<|im_end|>" and loaded.pad_token == "<|endoftext|>"
+
+
 @pytest.mark.vllm
 def test_standin_vllm_loads_the_same_tokenizer(tmp_path, gsm8k_dir):
     """vLLM's own tokenizer loading (used when its tokenizer is not skipped) gives the same ids."""

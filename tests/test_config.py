@@ -341,3 +341,24 @@ def test_a_config_saved_before_vocab_size_existed_ran_with_its_added_value(tmp_p
     assert Config.load(path) == Config() and ADDED == {"vocab_size": 0}
     assert settings(saved) == settings(dataclasses.asdict(Config()))
     assert settings({**saved, "vocab_size": 1024})["vocab_size"] == 1024
+
+
+LORA_PRESET_GPUS = {"gsm8k-qwen3-1.7b-lora": 24, "gsm8k-qwen3-8b-lora": 80, "gsm8k-llama3.1-8b-lora": 80}  # GiB
+
+
+@pytest.mark.parametrize("name", sorted(LORA_PRESET_GPUS))
+def test_lora_presets_fit_their_gpu(name):
+    """Each LoRA preset parses to the LoRA recipe, and troll.memory's model says its micro-batch is the largest
+    whose two phases (vLLM generating, vLLM asleep during the update) fit its target GPU at its vLLM fraction."""
+    from troll import memory
+
+    assert set(LORA_PRESET_GPUS) == {n for n in PRESETS if n.endswith("-lora")}
+    cfg = Config.from_args(["--preset", name])
+    assert (cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets, cfg.lr) == (32, 32.0, "all-linear", 1e-5)
+    assert cfg.bf16 and cfg.grad_checkpointing and cfg.logits_chunk == 1024 and cfg.backend == "vllm"
+    gb = LORA_PRESET_GPUS[name]
+    run = memory.lora_run(cfg.lora_rank, cfg.vllm_gpu_memory, cfg.lora_targets, cfg.bf16, True, cfg.logits_chunk)
+    assert not memory.phases(cfg.model, gb, cfg.micro_batch_tokens, run).problems
+    assert cfg.micro_batch_tokens == memory.colocated_micro_batch_tokens(cfg.model, gb, run)
+    lo, hi = memory.vllm_fractions(cfg.model, gb, run)
+    assert lo <= cfg.vllm_gpu_memory <= hi

@@ -128,3 +128,17 @@ def test_head_errors_name_the_problem():
         LMHead(torch.randn(3, 4), w, vocab_size=11)
     with pytest.raises(ValueError, match="chunk_rows"):
         LMHead(torch.randn(3, 4), w, chunk_rows=0)
+
+
+def test_frozen_output_layer_gets_no_gradient():
+    """LoRA's frozen output layer: the hidden states' gradient is the unchunked one, and no [V, H] gradient is made."""
+    head = make_head(bias=False)
+    head.weight.requires_grad_(False)
+    g = torch.Generator().manual_seed(2)
+    idx = torch.stack([torch.randperm(20, generator=g)[:4] for _ in range(10)])
+    mask = torch.ones(10, 4, dtype=torch.bool)
+    got = torch.autograd.grad(gather_logprobs(head, idx, mask)[0].sum(), head.hidden)[0]
+    want = torch.autograd.grad(gather_logprobs(reference_logits(head), idx, mask)[0].sum(), head.hidden)[0]
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-10)
+    gather_logprobs(head, idx, mask)[1].sum().backward()
+    assert head.weight.grad is None and head.hidden.grad is not None

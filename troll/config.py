@@ -18,6 +18,9 @@ Presets:
                         the time) with a 1,024-token vocabulary: how fast each loss adopts a rare good token
     gsm8k-qwen2.5-0.5b  GSM8K on one GPU: vLLM rollouts, bf16, chunked output layer, gradient checkpointing
     gsm8k-qwen3-0.6b    the same recipe for Qwen3-0.6B, with half the micro-batch
+    gsm8k-qwen3-1.7b-lora   the recipe with LoRA (rank 32, lr 1e-5) for Qwen3-1.7B on a 24 GB GPU
+    gsm8k-qwen3-8b-lora     the same for Qwen3-8B on an 80 GB GPU
+    gsm8k-llama3.1-8b-lora  the same for Llama-3.1-8B-Instruct on an 80 GB GPU
 """
 
 from __future__ import annotations
@@ -205,7 +208,8 @@ class Config:
             choices=list(PRESETS),
             help="tiny-cpu (the defaults below: addition, tiny local model, CPU), tiny-stale (stale rollouts), "
             "tiny-rare (a rare rewarded format) or a "
-            "GSM8K GPU recipe (gsm8k-qwen2.5-0.5b, gsm8k-qwen3-0.6b); default: tiny-cpu",
+            "GSM8K GPU recipe (gsm8k-qwen2.5-0.5b, gsm8k-qwen3-0.6b; with LoRA: gsm8k-qwen3-1.7b-lora on 24 GB, "
+            "gsm8k-qwen3-8b-lora and gsm8k-llama3.1-8b-lora on 80 GB); default: tiny-cpu",
         )
         types = typing.get_type_hints(cls)
         for f in fields(cls):
@@ -364,6 +368,11 @@ _GSM8K_GPU = dict(  # what the GSM8K GPU presets change from the defaults
     sft_steps=0,
     device="cuda",
 )
+# LoRA on the GSM8K recipe: rank 32 on every decoder linear, alpha 32 (Config's default: the update is (alpha / r)
+# B A = B A at r = 32, and with alpha fixed the best learning rate hardly moves with the rank), learning rate 10x
+# full fine-tuning's: "LoRA Without Regret" (Thinking Machines, 2025) finds RL matches full fine-tuning at low rank
+# with about 10x the full-FT learning rate
+_LORA = dict(lora_rank=32, lr=1e-5)
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny-cpu": {},  # Config's defaults
     # where the off-policy study saw the trust region matter most (docs/results.md): an asynchronous pipeline of
@@ -387,4 +396,14 @@ PRESETS: dict[str, dict[str, Any]] = {
     "gsm8k-qwen2.5-0.5b": dict(_GSM8K_GPU, model="Qwen/Qwen2.5-0.5B-Instruct", out="runs/gsm8k-qwen2.5-0.5b"),
     # 8,192 tokens: troll.memory leaves 16,384 too close to a 24 GB GPU's budget beside vLLM for this model
     "gsm8k-qwen3-0.6b": dict(_GSM8K_GPU, model="Qwen/Qwen3-0.6B", micro_batch_tokens=8192, out="runs/gsm8k-qwen3-0.6b"),
-}
+    # the papers' models with LoRA, sized by troll.memory for one GPU each (docs/results.md#what-fits-where): the
+    # largest micro-batch whose update fits with vLLM asleep; vLLM's fraction 0.05 below the most the trainer's
+    # resident state leaves while vLLM generates (the most KV cache; its least: bf16 weights + a minimal KV cache)
+    "gsm8k-qwen3-1.7b-lora": dict(_GSM8K_GPU, **_LORA, model="Qwen/Qwen3-1.7B", vllm_gpu_memory=0.75,
+                                  micro_batch_tokens=24576, out="runs/gsm8k-qwen3-1.7b-lora"),  # 24 GB
+    "gsm8k-qwen3-8b-lora": dict(_GSM8K_GPU, **_LORA, model="Qwen/Qwen3-8B", vllm_gpu_memory=0.7,
+                                micro_batch_tokens=49152, out="runs/gsm8k-qwen3-8b-lora"),  # 80 GB
+    "gsm8k-llama3.1-8b-lora": dict(_GSM8K_GPU, **_LORA, model="meta-llama/Llama-3.1-8B-Instruct",
+                                   vllm_gpu_memory=0.7, micro_batch_tokens=49152,
+                                   out="runs/gsm8k-llama3.1-8b-lora"),  # 80 GB
+}  # fmt: skip

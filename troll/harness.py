@@ -73,11 +73,15 @@ def device_of(cfg: Config) -> torch.device:
 
 def auto_micro_batch(cfg: Config, device: torch.device) -> int:
     """`--micro_batch_tokens auto`: the largest micro-batch troll.memory's fitted model says this GPU holds (beside
-    vLLM's share, with the chunked output layer if `logits_chunk`); on CPU the field's default."""
+    vLLM's share, with the chunked output layer if `logits_chunk`); on CPU the field's default. A LoRA run is sized
+    by its own model, both phases of a colocated step, vLLM asleep during the update (`memory.phases`)."""
     if device.type != "cuda":
         return Config.micro_batch_tokens
     gib = torch.cuda.get_device_properties(device).total_memory / memory.GIB
     vllm = cfg.vllm_gpu_memory if cfg.backend == "vllm" else 0.0
+    if cfg.lora_rank:
+        run = memory.lora_run(cfg.lora_rank, vllm, cfg.lora_targets, cfg.bf16, cfg.grad_checkpointing, cfg.logits_chunk)
+        return memory.colocated_micro_batch_tokens(cfg.model, gib, run)
     return memory.micro_batch_tokens(cfg.model, gib, vllm, cfg.grad_checkpointing, chunked=cfg.logits_chunk > 0)
 
 

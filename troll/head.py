@@ -179,8 +179,9 @@ class _GatherLogprobs(torch.autograd.Function):
         work = torch.empty(min(ctx.per, n), v, dtype=dt, device=x.device)
         direct = weight is None and x.dtype == dt  # write dL/dx straight into the gradient's rows
         grad_x = torch.empty_like(x) if weight is None else torch.empty(x.shape, dtype=dt, device=x.device)
-        grad_w = None if weight is None else torch.zeros(weight.shape, dtype=dt, device=x.device)
-        grad_b = None if bias is None else torch.zeros(bias.shape, dtype=dt, device=x.device)
+        # a frozen output layer (LoRA's) gets no [V, H] gradient: neither its memory nor its matmul
+        grad_w = torch.zeros(weight.shape, dtype=dt, device=x.device) if ctx.needs_input_grad[1] else None
+        grad_b = torch.zeros(bias.shape, dtype=dt, device=x.device) if ctx.needs_input_grad[2] else None
         w = None if weight is None else weight.to(dt)
         for r in ctx.rows:
             xc = _chunk_logits(x, head, r, work)
@@ -195,7 +196,8 @@ class _GatherLogprobs(torch.autograd.Function):
                 continue
             gc /= ctx.temp  # masked (padded) ids: exp(-inf) = 0, no gradient
             grad_x[r] = gc @ w
-            grad_w.addmm_(gc.T, x[r].to(dt))
+            if grad_w is not None:
+                grad_w.addmm_(gc.T, x[r].to(dt))
             if grad_b is not None:
                 grad_b += gc.sum(0)
         return grad_x.to(x.dtype), _cast(grad_w, weight), _cast(grad_b, bias), None, None, None, None, None
