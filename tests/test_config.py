@@ -102,6 +102,22 @@ def test_resume_without_a_run_is_an_argparse_error(tmp_path, capsys):
     assert exit_info.value.code == 2 and "nothing to resume" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("preset", ["tiny-rare", "gsm8k-qwen3-1.7b-lora"])
+def test_resume_of_a_run_whose_fields_are_in_added(tmp_path, preset, capsys):
+    """A run whose vocab_size or LoRA fields differ from the values in ADDED resumes with `--out --resume true
+    --steps N`: the flags given are compared with the run's, nothing filled in from ADDED (which once refused
+    every tiny-rare and LoRA resume as a change of a setting). A real change is still refused."""
+    out = tmp_path / "run"
+    out.mkdir()
+    Config(**PRESETS[preset]).save(out / "config.json")
+    cfg = Config.from_args(["--out", str(out), "--resume", "true", "--steps", "300"])
+    run = Config(**PRESETS[preset])
+    assert cfg.steps == 300 and (cfg.vocab_size, cfg.lora_rank) == (run.vocab_size, run.lora_rank) != (0, 0)
+    with pytest.raises(SystemExit) as exit_info:
+        Config.from_args(["--out", str(out), "--resume", "true", "--lora_rank", "4"])
+    assert exit_info.value.code == 2 and "cannot change on resume: --lora_rank" in capsys.readouterr().err
+
+
 def test_the_command_fails_before_any_work(tmp_path):
     """A bad flag (`--loss clip`) stops the command at once: exit 2 with argparse's message and no traceback, before
     any warm-up, evaluation or checkpoint, and with no run directory left to block the corrected command."""
@@ -338,7 +354,12 @@ def test_a_config_saved_before_vocab_size_existed_ran_with_its_added_value(tmp_p
     saved = json.loads(path.read_text())
     del saved["vocab_size"]
     path.write_text(json.dumps(saved))
-    assert Config.load(path) == Config() and ADDED == {"vocab_size": 0}
+    assert Config.load(path) == Config()
+    assert ADDED == {"vocab_size": 0, "lora_rank": 0, "lora_alpha": 32.0, "lora_targets": "all-linear"}
+    for name in ("lora_rank", "lora_alpha", "lora_targets"):  # every run before LoRA trained every weight
+        del saved[name]
+    path.write_text(json.dumps(saved))
+    assert Config.load(path) == Config()
     assert settings(saved) == settings(dataclasses.asdict(Config()))
     assert settings({**saved, "vocab_size": 1024})["vocab_size"] == 1024
 

@@ -420,20 +420,26 @@ def memory_check(cfg: Config, arch: str | None, windows: list[dict], device: str
     cuda = device == "cuda"
     if not windows:
         return FAILED, "no update window was measured", {}
-    if arch not in memory.MEASURED:
+    known = memory.LORA if cfg.lora_rank else memory.MEASURED
+    if arch not in known:
         return na(f"troll.memory has no measured coefficients for this model ({arch or cfg.model})"), "", {}
-    shape = memory.shape(arch)
     rows, ratios = [], []
     for step, w in enumerate(windows, start=1):
         tokens, share = w["tokens"]
-        full = memory.peak_bytes(shape, tokens, cfg.grad_checkpointing, cfg.logits_chunk > 0, share)
-        if cuda:
-            predicted, measured = full - memory.RUNTIME, w["peak"]
-            if not cfg.bf16:  # no autocast copies
-                predicted -= 2 * params
+        measured = w["peak"] if cuda else w["peak"] - w["baseline"]
+        if cfg.lora_rank:
+            predicted = (
+                memory.lora_peak_bytes(arch, tokens, cfg.lora_rank, cfg.lora_targets, cfg.bf16, cfg.grad_checkpointing,
+                                       cfg.logits_chunk, share) - memory.RUNTIME
+                if cuda else memory.lora_cpu_excess(arch, tokens, int(share * tokens), cfg.lora_rank, step == 1)
+            )  # fmt: skip
         else:
-            predicted = full - memory.fixed_bytes(shape.params) + (12 * params if step == 1 else 0)
-            measured = w["peak"] - w["baseline"]
+            shape = memory.shape(arch)
+            full = memory.peak_bytes(shape, tokens, cfg.grad_checkpointing, cfg.logits_chunk > 0, share)
+            if cuda:
+                predicted = full - memory.RUNTIME - (0 if cfg.bf16 else 2 * params)  # no autocast copies without bf16
+            else:
+                predicted = full - memory.fixed_bytes(shape.params) + (12 * params if step == 1 else 0)
         ratios.append(measured / predicted)
         rows.append({"step": step, "tokens": tokens, "measured_gib": measured / memory.GIB,
                      "predicted_gib": predicted / memory.GIB, "ratio": measured / predicted})  # fmt: skip

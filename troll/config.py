@@ -184,7 +184,8 @@ class Config:
                 if not saved.is_file():
                     parser.error(f"--resume true: {saved} does not exist (nothing to resume)")
                 cfg = cls.load(saved)
-                fixed = [f"--{k} (the run has {getattr(cfg, k)!r})" for k, v in settings(overrides).items()
+                given = {k: v for k, v in overrides.items() if k not in NOT_SETTINGS}  # the flags, nothing filled in
+                fixed = [f"--{k} (the run has {getattr(cfg, k)!r})" for k, v in given.items()
                          if k not in RESUME_CHANGEABLE and v != getattr(cfg, k)]  # fmt: skip
                 if fixed:
                     parser.error(f"cannot change on resume: {', '.join(fixed)}; start a new run to change them")

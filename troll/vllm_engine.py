@@ -183,6 +183,7 @@ class VLLMGenerator:
 
     def _wake(self, tags: list[str] | None = None) -> None:
         if self._asleep:
+            torch.cuda.empty_cache()  # the update's cached blocks go back first, or the wake may not find its memory
             self.llm.wake_up(tags=tags)
 
     def push_weights(self, model: Any) -> None:
