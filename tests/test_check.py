@@ -14,7 +14,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from troll import check
+from troll import check, memory
+from troll.config import PRESETS, Config
 from troll.gsm8k import load_gsm8k, make_prompt
 from troll.standin import ARCHS, VOCAB, model_config, save_standin, standin_tokenizer
 
@@ -163,8 +164,8 @@ def test_check_end_to_end_transformers(tmp_path, gsm8k_dir):
 @pytest.mark.vllm
 def test_check_end_to_end_vllm(tmp_path, gsm8k_dir):
     """The same with the vLLM engine: every push's weight-sync figure is reported (one after each of the 2 steps:
-    the engine starts from the warm-started weights, so nothing is pushed before RL); sleep/wake does not apply on
-    CPU and says so."""
+    the engine loads the run's starting weights, so nothing is pushed before RL); sleep/wake does not apply on CPU
+    and says so."""
     pytest.importorskip("vllm")
     out = tmp_path / "check"
     res = command("--shape", "tiny", "--data", str(gsm8k_dir), "--out", str(out), env={"VLLM_CPU_KVCACHE_SPACE": "1"})
@@ -179,7 +180,6 @@ def test_memory_check_against_the_model():
     """The memory check divides each window's measured bytes by troll.memory's prediction for its micro-batch; a
     measurement above 1.10x fails, and step 1 (gradients and AdamW states allocated) is predicted 12 B/param more."""
     from troll import memory
-    from troll.config import Config
 
     cfg = Config(logits_chunk=1024, grad_checkpointing=True)
     params = memory.MEASURED["qwen2.5-0.5b"].params
@@ -306,3 +306,37 @@ def test_engine_keeps_its_weights_through_the_training_loops_calls(level, monkey
         gen.push_weights(model)
         gen.greedy([[5, 6]], 4)
     assert gen.llm.calls == [1, 1, 2, 2, 3]  # every call saw the weights of the push before it
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_check_end_to_end_lora_vllm(tmp_path, gsm8k_dir):
+    """A LoRA preset through the whole command with the vLLM engine: the engine follows base + adapters after every
+    push and after a push of visibly changed weights, only adapters train, and the resume (adapters on the frozen
+    base) continues."""
+    pytest.importorskip("vllm")
+    out = tmp_path / "check"
+    res = command("--preset", "gsm8k-qwen3-1.7b-lora", "--shape", "tiny", "--data", str(gsm8k_dir), "--out", str(out),
+                  env={"VLLM_CPU_KVCACHE_SPACE": "1"})  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    report = read_report(out)
+    checks = {c["name"]: c for c in report["checks"]}
+    assert checks["weight sync"]["status"] == checks["resume"]["status"] == checks["run"]["status"] == "passed"
+    assert report["config"]["lora_rank"] == 32 and (out / "run" / "checkpoints").is_dir()
+    ckpt = next((out / "run" / "checkpoints").glob("step-*"))
+    assert (ckpt / "adapter_model.safetensors").is_file() and not (ckpt / "model.safetensors").exists()
+
+
+def test_memory_check_of_a_lora_run_uses_the_lora_model():
+    """On CPU a LoRA update's excess memory is compared with memory.lora_cpu_excess (the adapters' AdamW states
+    in step 1 only); 1.2x of it fails."""
+    cfg = Config(**PRESETS["gsm8k-qwen3-1.7b-lora"])
+    first = memory.lora_cpu_excess("qwen3-1.7b", 1000, 200, 32, first_step=True)
+    later = memory.lora_cpu_excess("qwen3-1.7b", 1000, 200, 32, first_step=False)
+    assert first - later == 8 * memory.lora_params("qwen3-1.7b", 32)
+    windows = [{"tokens": (1000, 0.2), "baseline": 0, "peak": first}, {"tokens": (1000, 0.2), "baseline": 0,
+               "peak": later}]  # fmt: skip
+    status, _, data = check.memory_check(cfg, "qwen3-1.7b", windows, "cpu", 1)
+    assert status == "passed" and [round(r["ratio"], 9) for r in data["steps"]] == [1.0, 1.0]
+    windows[1]["peak"] = 1.2 * later
+    assert check.memory_check(cfg, "qwen3-1.7b", windows, "cpu", 1)[0] == "FAILED"
