@@ -104,10 +104,11 @@ def test_a_setting_runs_with_its_own_loss_and_keeps_the_old_names():
         ("study/offpolicy.jsonl", []),
         ("study/sweep.jsonl", []),
         ("study/rare.jsonl", ["--task", "rare", "--vocab_size", "1024", "--out", "runs/rare"]),
+        ("study/lora.jsonl", ["--out", "runs/lora"]),
     ],
 )
 def test_the_committed_rows_are_what_the_grid_makes_now(results, extra, tmp_path, monkeypatch, capsys):
-    """Every committed row (written before the setting dimension, by the sweep, or by the rare-task study) matches
+    """Every committed row (written before the setting dimension, by the sweep, the rare-task or the LoRA study) matches
     the config the grid makes now, so the study counts it as done: nothing is refused or re-run."""
     monkeypatch.chdir(tmp_path)  # no run folders or warm-starts of this machine's own
     rows = list(offpolicy.read_results(REPO / results).values())
