@@ -35,6 +35,9 @@ Design, stated once:
   `default` keeps a run's old name. Where both losses ran several, the report adds each at its own best setting
   (the best mean final accuracy), paired, and the same with the settings chosen without each seed
   (`best_vs_best`; docs/algorithm.md, section 12).
+- LoRA (`--settings lora8`): adapters (rank 8, alpha 16, all-linear) on the seed's frozen warm-start, for every
+  loss. Where a loss ran both, the report adds LoRA at its own best learning rate against full fine-tuning
+  (`default`) at its own, paired, and the same with the learning rates chosen without each seed (`lora_vs_full`).
 - Task (`--task rare --vocab_size N`): the rare-behaviour variant (troll.addition); its warm-start records how often
   the behaviour appears, its rows the behaviour's rate per step, and the report how fast each loss adopts it.
 """
@@ -596,7 +599,7 @@ def plot_lora(rows: Sequence[dict], out: Path, stem: str, lora: str = "lora8", f
         ax.set_ylabel("held-out accuracy after RL")
         ax.set_title(f"{key[2]}, {key[0]}: final accuracy per seed (dots) and mean", fontsize=10)
         ax.legend(fontsize=8)
-    return figures.save(fig, out / f"{stem}_lora.png")
+    return figures.save(fig, out / f"{stem}_vs_full.png")
 
 
 # ----------------------------------------------------------------------------- the command
@@ -665,10 +668,11 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
                 print(f"\nEach loss at its own best setting (by mean final accuracy):\n{best}")
             if lora := report_lora(rows):
                 print(f"\nLoRA against full fine-tuning, each at its own best learning rate:\n{lora}")
-        if args.figures:  # <name>_paired.png, and _settings / _adoption where the rows have them
-            stem = args.name
-            print(plot_paired(rows, Path(args.figures), stem))
-            if any(setting_of(r) != "default" for r in rows):
+        if args.figures:  # <name>_paired.png, and _settings / _adoption / _vs_full where the rows have them
+            stem, against = args.name, any(r["loss"] == BASELINE for r in rows)  # the first two: paired to PPO-clip
+            if against:
+                print(plot_paired(rows, Path(args.figures), stem))
+            if against and any(setting_of(r) != "default" for r in rows):
                 print(plot_settings(rows, Path(args.figures), stem))
             if all("behaviour_rate" in r for r in rows):
                 print(plot_adoption(rows, Path(args.figures), stem, args.threshold))
