@@ -35,6 +35,9 @@ Design, stated once:
   `default` keeps a run's old name. Where both losses ran several, the report adds each at its own best setting
   (the best mean final accuracy), paired, and the same with the settings chosen without each seed
   (`best_vs_best`; docs/algorithm.md, section 12).
+- LoRA (`--settings lora8`): adapters (rank 8, alpha 16, all-linear) on the seed's frozen warm-start, for every
+  loss. Where a loss ran both, the report adds LoRA at its own best learning rate against full fine-tuning
+  (`default`) at its own, paired, and the same with the learning rates chosen without each seed (`lora_vs_full`).
 - Task (`--task rare --vocab_size N`): the rare-behaviour variant (troll.addition); its warm-start records how often
   the behaviour appears, its rows the behaviour's rate per step, and the report how fast each loss adopts it.
 """
@@ -76,6 +79,9 @@ SETTINGS: dict[str, tuple[str | None, dict]] = {
     **{f"eps{e:g}": ("troll", dict(eps=e)) for e in (0.01, 0.02, 0.1, 0.2)},
     **{f"clip{c:g}": ("ppo_clip", dict(clip_low=c, clip_high=c)) for c in (0.1, 0.3)},
     "clip0.2-0.28": ("ppo_clip", dict(clip_low=0.2, clip_high=0.28)),
+    # Not a trust-region size: LoRA adapters (rank 8, alpha 16, PEFT's all-linear) on the seed's frozen warm-start,
+    # for every loss; the report sets it at its own best learning rate against full fine-tuning at its own.
+    "lora8": (None, dict(lora_rank=8, lora_alpha=16.0, lora_targets="all-linear")),
 }
 # The study's sweep (docs/results.md#best-against-best): these settings and the defaults in these cells.
 SWEEP = ["eps0.01", "eps0.02", "eps0.1", "eps0.2", "clip0.1", "clip0.3", "clip0.2-0.28"]
@@ -311,6 +317,7 @@ def paired(rows: Sequence[dict], baseline: str = BASELINE, threshold: float = TH
             "diff": mean, "half": half, "below": sum(r["eval_after"] < r["eval_before"] for r in runs),
             "kl_update": statistics.fmean(r["kl_update_mean"] for r in runs),
             "mismatch_kl": statistics.fmean(r["mismatch_kl"] for r in runs),
+            "wall_clock_s": statistics.fmean(r.get("wall_clock_s", math.nan) for r in runs),
         }  # fmt: skip
         if all("behaviour_rate" in r for r in runs):
             steps = {r["seed"]: adoption_step(r, threshold) for r in runs}
@@ -343,7 +350,8 @@ def report(rows: Sequence[dict], baseline: str = BASELINE, threshold: float = TH
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in cells:
-        vs = "-" if (c["loss"], c["setting"]) == (baseline, "default") else f"{c['diff']:+.3f} ± {c['half']:.3f}"
+        own = (c["loss"], c["setting"]) == (baseline, "default") or math.isnan(c["diff"])  # or no baseline ran
+        vs = "-" if own else f"{c['diff']:+.3f} ± {c['half']:.3f}"
         lines.append(
             f"| {c['lr']:g} | {c['source']} | {c['anchor']} | {_label(c)} | {c['n']} | {c['after']:.3f} | "
             f"{c['gain']:+.3f} | {vs} | {c['below']}/{c['n']} | {c['kl_update']:.4f} | {c['mismatch_kl']:.4f} |"
@@ -366,46 +374,81 @@ def report(rows: Sequence[dict], baseline: str = BASELINE, threshold: float = TH
     return "\n".join(lines)
 
 
+def _best(by: dict[tuple, dict], candidates: Sequence[tuple], seeds: Sequence[int] | None = None) -> tuple | None:
+    """Of `candidates` (run keys less the seed), the one with the highest mean final accuracy over `seeds` (default:
+    every seed any of them ran; a candidate that lacks one of them is not one); ties go to the earlier candidate;
+    None when there is none."""
+    want = sorted({k[5] for k in by if k[:5] in candidates}) if seeds is None else list(seeds)
+    best = None
+    for c in candidates if want else ():
+        if all((*c, s) in by for s in want):
+            score = statistics.fmean(by[(*c, s)]["eval_after"] for s in want)
+            if best is None or score > best[1]:
+                best = (c, score)
+    return best and best[0]
+
+
+def _best_pair(by: dict[tuple, dict], a: Sequence[tuple], b: Sequence[tuple]) -> dict:
+    """Two sets of candidates (run keys less the seed), each at its best (`_best`, by mean final accuracy): the
+    paired difference a - b over the seeds both best ones ran, with its 95% interval; and, since a best-of-several
+    chosen on the same seeds is optimistic, the same difference with each choice made leaving each seed out
+    (chosen on the other seeds, scored on that one)."""
+    best = (_best(by, a), _best(by, b))
+    seeds = sorted(set.intersection(*({k[5] for k in by if k[:5] == c} for c in best)))
+    diffs = [by[(*best[0], s)]["eval_after"] - by[(*best[1], s)]["eval_after"] for s in seeds]
+    held_out = []
+    for s in seeds:  # the choices made on the other seeds, scored on seed s
+        others = {k: r for k, r in by.items() if k[5] != s}
+        chosen = (_best(others, a), _best(others, b))
+        if all(c is not None and (*c, s) in by for c in chosen):
+            held_out.append(by[(*chosen[0], s)]["eval_after"] - by[(*chosen[1], s)]["eval_after"])
+    return {
+        "best_a": best[0], "best_b": best[1], "n": len(seeds),
+        "after": statistics.fmean(by[(*best[0], s)]["eval_after"] for s in seeds),
+        "after_baseline": statistics.fmean(by[(*best[1], s)]["eval_after"] for s in seeds),
+        "diff": t_interval(diffs), "held_out": t_interval(held_out) if held_out else (math.nan, math.nan),
+    }  # fmt: skip
+
+
 def best_settings(rows: Sequence[dict], seeds: Sequence[int] | None = None) -> dict[tuple, str]:
     """Per (lr, source, anchor, loss): the setting with the highest mean final accuracy over `seeds` (default:
     every seed; settings that lack one of them are not candidates); ties go to the earlier setting."""
-    by, best = by_run(rows), {}
-    for cell in sorted({k[:5] for k in by}, key=_cell_order):
-        want = sorted({k[5] for k in by if k[:4] == cell[:4]}) if seeds is None else list(seeds)
-        if not all((*cell, s) in by for s in want):
-            continue
-        score = statistics.fmean(by[(*cell, s)]["eval_after"] for s in want)
-        if cell[:4] not in best or score > best[cell[:4]][1]:
-            best[cell[:4]] = (cell[4], score)
-    return {k: v[0] for k, v in best.items()}
+    by = by_run(rows)
+    cells = sorted({k[:5] for k in by}, key=_cell_order)
+    best = {g: _best(by, [c for c in cells if c[:4] == g], seeds) for g in dict.fromkeys(c[:4] for c in cells)}
+    return {g: c[4] for g, c in best.items() if c is not None}
 
 
 def best_vs_best(rows: Sequence[dict], loss: str = "troll", baseline: str = BASELINE) -> list[dict]:
     """Per (lr, source, anchor) where both losses ran more than one setting: each loss at its own best setting
     (`best_settings`, by mean final accuracy), the paired difference `loss` - `baseline` over seeds with its 95%
-    interval; and, since a best-of-several chosen on the same seeds is optimistic, the same difference with the
-    settings chosen leaving each seed out (chosen on the other seeds, scored on that one)."""
-    by, best, out = by_run(rows), best_settings(rows), []
-    for lr, source, anchor in sorted({k[:3] for k in best}, key=lambda k: _cell_order((*k, loss, "default"))):
-        here = [(lr, source, anchor, x) for x in (loss, baseline)]
-        if not all(k in best for k in here) or min(len({c[4] for c in by if c[:4] == k}) for k in here) < 2:
+    interval, and the same with the settings chosen leaving each seed out (`_best_pair`)."""
+    by, out = by_run(rows), []
+    cells = sorted({k[:5] for k in by}, key=_cell_order)
+    for lr, source, anchor in sorted({k[:3] for k in by}, key=lambda k: _cell_order((*k, loss, "default"))):
+        a, b = ([c for c in cells if c[:4] == (lr, source, anchor, x)] for x in (loss, baseline))
+        if min(len(a), len(b)) < 2:
             continue
-        seeds = sorted(set.intersection(*({c[5] for c in by if c[:5] == (*k, best[k])} for k in here)))
-        diffs = [by[(*here[0], best[here[0]], s)]["eval_after"] - by[(*here[1], best[here[1]], s)]["eval_after"]
-                 for s in seeds]  # fmt: skip
-        held_out = []
-        for s in seeds:  # the settings chosen on the other seeds, scored on seed s
-            chosen = best_settings([r for r in rows if r["seed"] != s])
-            pair = [by.get((*k, chosen.get(k), s)) for k in here]
-            if all(pair):
-                held_out.append(pair[0]["eval_after"] - pair[1]["eval_after"])
-        out.append({
-            "lr": lr, "source": source, "anchor": anchor, "loss": loss, "baseline": baseline,
-            "best": best[here[0]], "best_baseline": best[here[1]], "n": len(seeds),
-            "after": statistics.fmean(by[(*here[0], best[here[0]], s)]["eval_after"] for s in seeds),
-            "after_baseline": statistics.fmean(by[(*here[1], best[here[1]], s)]["eval_after"] for s in seeds),
-            "diff": t_interval(diffs), "held_out": t_interval(held_out) if held_out else (math.nan, math.nan),
-        })  # fmt: skip
+        pair = _best_pair(by, a, b)
+        out.append({"lr": lr, "source": source, "anchor": anchor, "loss": loss, "baseline": baseline,
+                    "best": pair.pop("best_a")[4], "best_baseline": pair.pop("best_b")[4], **pair})  # fmt: skip
+    return out
+
+
+def lora_vs_full(rows: Sequence[dict], lora: str = "lora8", full: str = "default") -> list[dict]:
+    """Per (source, anchor, loss) that ran both: LoRA (setting `lora`) at its own best learning rate against full
+    fine-tuning (setting `full`) at its own, each by mean final accuracy over seeds; the paired difference LoRA -
+    full over seeds with its 95% interval, and the same with both learning rates chosen leaving each seed out
+    (`_best_pair`)."""
+    by, out = by_run(rows), []
+    cells = sorted({k[:5] for k in by}, key=_cell_order)  # learning rate first: ties go to the smaller one
+    for source, anchor, loss in sorted({c[1:4] for c in cells}, key=lambda k: _cell_order((0, *k, full))):
+        a, b = ([c for c in cells if c[1:] == (source, anchor, loss, x)] for x in (lora, full))
+        if not (a and b):
+            continue
+        pair = _best_pair(by, a, b)
+        out.append({"source": source, "anchor": anchor, "loss": loss, "lora": lora, "full": full,
+                    "lr": pair.pop("best_a")[0], "lr_full": pair.pop("best_b")[0], **pair})  # fmt: skip
     return out
 
 
@@ -424,6 +467,41 @@ def report_best(rows: Sequence[dict], loss: str = "troll", baseline: str = BASEL
             f"| {c['lr']:g} | {c['source']} | {c['anchor']} | {c['best']} | {c['after']:.3f} | "
             f"{c['best_baseline']} | {c['after_baseline']:.3f} | {c['diff'][0]:+.3f} ± {c['diff'][1]:.3f} | "
             f"{c['held_out'][0]:+.3f} ± {c['held_out'][1]:.3f} |"
+        )
+    return "\n".join(lines)
+
+
+def report_lora(rows: Sequence[dict], lora: str = "lora8", full: str = "default") -> str:
+    """LoRA against full fine-tuning as markdown: every learning rate of each, then `lora_vs_full` (empty when no
+    cell ran both)."""
+    pairs = lora_vs_full(rows, lora, full)
+    if not pairs:
+        return ""
+    lines = [
+        "| loss | source | method | lr | seeds | final acc | gain | below start | update KL | s / run |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    cells = paired(rows)
+    for p in pairs:
+        for method, setting, best in (("full", full, p["lr_full"]), ("LoRA", lora, p["lr"])):
+            want = (p["source"], p["anchor"], p["loss"], setting)
+            for c in (c for c in cells if (c["source"], c["anchor"], c["loss"], c["setting"]) == want):
+                lr = f"**{c['lr']:g}**" if c["lr"] == best else f"{c['lr']:g}"  # the best in bold
+                lines.append(
+                    f"| {p['loss']} | {p['source']} | {method} ({setting}) | {lr} | {c['n']} | {c['after']:.3f} | "
+                    f"{c['gain']:+.3f} | {c['below']}/{c['n']} | {c['kl_update']:.4f} | {c['wall_clock_s']:.0f} |"
+                )
+    lines += [
+        "",
+        "| loss | source | anchor | LoRA: best lr | final acc | full: best lr | final acc | seeds | "
+        "LoRA - full (95% CI) | lrs chosen without the seed (95% CI) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for p in pairs:
+        lines.append(
+            f"| {p['loss']} | {p['source']} | {p['anchor']} | {p['lr']:g} | {p['after']:.3f} | {p['lr_full']:g} | "
+            f"{p['after_baseline']:.3f} | {p['n']} | {p['diff'][0]:+.3f} ± {p['diff'][1]:.3f} | "
+            f"{p['held_out'][0]:+.3f} ± {p['held_out'][1]:.3f} |"
         )
     return "\n".join(lines)
 
@@ -499,6 +577,31 @@ def plot_adoption(rows: Sequence[dict], out: Path, stem: str, threshold: float =
     return figures.save(fig, out / f"{stem}_adoption.png")
 
 
+def plot_lora(rows: Sequence[dict], out: Path, stem: str, lora: str = "lora8", full: str = "default") -> Path:
+    """One panel per (source, anchor, loss) that ran both: final accuracy against the learning rate, full
+    fine-tuning and LoRA, each seed a dot and the mean over seeds a line; the warm-starts' mean dashed."""
+    from matplotlib.figure import Figure
+
+    by = by_run(rows)
+    keys = [(p["source"], p["anchor"], p["loss"]) for p in lora_vs_full(rows, lora, full)]
+    fig = Figure(figsize=(6 * len(keys), 4))
+    for ax, key in zip(fig.subplots(1, len(keys), squeeze=False)[0], keys, strict=True):
+        for j, (label, setting) in enumerate((("full fine-tuning", full), (f"LoRA ({lora})", lora))):
+            mine = {k: r for k, r in by.items() if k[1:5] == (*key, setting)}
+            lrs = sorted({k[0] for k in mine})
+            ax.scatter([k[0] for k in mine], [r["eval_after"] for r in mine.values()], s=12, color=f"C{j}", alpha=0.5)
+            ax.plot(lrs, [statistics.fmean(r["eval_after"] for k, r in mine.items() if k[0] == lr) for lr in lrs],
+                    "o-", color=f"C{j}", label=label)  # fmt: skip
+        befores = [r["eval_before"] for k, r in by.items() if k[1:4] == key]
+        ax.axhline(statistics.fmean(befores), color="gray", lw=0.8, ls="--", label="warm-start")
+        ax.set_xscale("log")
+        ax.set_xlabel("learning rate")
+        ax.set_ylabel("held-out accuracy after RL")
+        ax.set_title(f"{key[2]}, {key[0]}: final accuracy per seed (dots) and mean", fontsize=10)
+        ax.legend(fontsize=8)
+    return figures.save(fig, out / f"{stem}_vs_full.png")
+
+
 # ----------------------------------------------------------------------------- the command
 
 
@@ -563,13 +666,18 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
             print(report(rows, args.baseline, args.threshold))
             if best := report_best(rows, "troll", args.baseline):
                 print(f"\nEach loss at its own best setting (by mean final accuracy):\n{best}")
-        if args.figures:  # <name>_paired.png, and _settings / _adoption where the rows have them
-            stem = args.name
-            print(plot_paired(rows, Path(args.figures), stem))
-            if any(setting_of(r) != "default" for r in rows):
+            if lora := report_lora(rows):
+                print(f"\nLoRA against full fine-tuning, each at its own best learning rate:\n{lora}")
+        if args.figures:  # <name>_paired.png, and _settings / _adoption / _vs_full where the rows have them
+            stem, against = args.name, any(r["loss"] == BASELINE for r in rows)  # the first two: paired to PPO-clip
+            if against:
+                print(plot_paired(rows, Path(args.figures), stem))
+            if against and any(setting_of(r) != "default" for r in rows):
                 print(plot_settings(rows, Path(args.figures), stem))
             if all("behaviour_rate" in r for r in rows):
                 print(plot_adoption(rows, Path(args.figures), stem, args.threshold))
+            if lora_vs_full(rows):
+                print(plot_lora(rows, Path(args.figures), stem))
         return rows
     runs, done = grid(args), read_results(Path(args.results))
     for run in runs:  # a run recorded, or in its folder, with other settings is not counted as done

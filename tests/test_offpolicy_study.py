@@ -104,10 +104,11 @@ def test_a_setting_runs_with_its_own_loss_and_keeps_the_old_names():
         ("study/offpolicy.jsonl", []),
         ("study/sweep.jsonl", []),
         ("study/rare.jsonl", ["--task", "rare", "--vocab_size", "1024", "--out", "runs/rare"]),
+        ("study/lora.jsonl", ["--out", "runs/lora"]),
     ],
 )
 def test_the_committed_rows_are_what_the_grid_makes_now(results, extra, tmp_path, monkeypatch, capsys):
-    """Every committed row (written before the setting dimension, by the sweep, or by the rare-task study) matches
+    """Every committed row (written before the setting dimension, by the sweep, the rare-task or the LoRA study) matches
     the config the grid makes now, so the study counts it as done: nothing is refused or re-run."""
     monkeypatch.chdir(tmp_path)  # no run folders or warm-starts of this machine's own
     rows = list(offpolicy.read_results(REPO / results).values())
@@ -185,3 +186,39 @@ def test_a_small_rare_task_grid_runs_end_to_end_and_its_warm_starts_are_kept_apa
         offpolicy.main(["--seeds", "0", "--lrs", "1e-4", "--sources", "none", "--losses", "dppo", "--sft_steps",
                         "20", "--out", str(out), "--results", str(tmp_path / "other.jsonl"), "--dry-run"])  # fmt: skip
     assert refused.value.code == 2 and "was warm-started with --task rare" in capsys.readouterr().err  # addition
+
+
+def test_lora_is_a_setting_of_every_loss_on_the_seeds_frozen_warm_start():
+    args = offpolicy.parse(["--seeds", "0", "--lrs", "1e-3", "--sources", "none", "--losses", "troll", "ppo_clip",
+                            "--settings", "default", "lora8", "--out", "runs/x"])  # fmt: skip
+    runs = {(r.loss, r.setting): r for r in offpolicy.grid(args)}
+    assert set(runs) == {(loss, s) for loss in ("troll", "ppo_clip") for s in ("default", "lora8")}
+    assert runs["troll", "default"].name == "troll_none_recompute_lr0.001_s0"  # full fine-tuning keeps its name
+    assert runs["troll", "lora8"].name == "troll-lora8_none_recompute_lr0.001_s0"
+    cfg = offpolicy.config(runs["troll", "lora8"], args)
+    assert (cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets) == (8, 16.0, "all-linear")
+    assert (cfg.model, cfg.sft_steps) == (str(Path("runs/x/warm-s0")), 0)  # the seed's warm-start is the base
+
+
+def test_lora_against_full_fine_tuning_each_at_its_own_best_learning_rate():
+    """By hand: full fine-tuning's best lr is 1e-4 (mean 0.6 against 0.5), LoRA's 1e-3 (0.633 against 0.583); the
+    paired differences [0.2, -0.2, 0.1] give 0.033 ± 4.3027 * 0.2082 / sqrt(3). Leaving seed 2 out, both choices
+    flip (full: 3e-4, 0.6 against 0.55 on seeds 0 and 1; LoRA: 3e-3, 0.6 against 0.55), so seed 2 scores
+    0.55 - 0.3; seeds 0 and 1 keep the choices: held-out differences [0.2, -0.2, 0.25]."""
+    values = {("default", 1e-4): [0.5, 0.6, 0.7], ("default", 3e-4): [0.7, 0.5, 0.3],
+              ("lora8", 1e-3): [0.7, 0.4, 0.8], ("lora8", 3e-3): [0.6, 0.6, 0.55]}  # fmt: skip
+    rows = [sweep_row("troll", s, seed, v) | {"lr": lr, "wall_clock_s": 20.0}
+            for (s, lr), vs in values.items() for seed, v in enumerate(vs)]  # fmt: skip
+    (cell,) = offpolicy.lora_vs_full(rows)
+    assert (cell["lr"], cell["lr_full"], cell["n"], cell["loss"]) == (1e-3, 1e-4, 3, "troll")
+    assert cell["after"] == pytest.approx(1.9 / 3) and cell["after_baseline"] == pytest.approx(0.6)
+    assert cell["diff"][0] == pytest.approx(0.1 / 3)
+    assert cell["diff"][1] == pytest.approx(4.302653 * statistics.stdev([0.2, -0.2, 0.1]) / math.sqrt(3), rel=1e-5)
+    assert cell["held_out"][0] == pytest.approx(0.25 / 3)
+    assert cell["held_out"][1] == pytest.approx(4.302653 * statistics.stdev([0.2, -0.2, 0.25]) / math.sqrt(3), rel=1e-5)
+    table = offpolicy.report_lora(rows)
+    assert "| troll | none | LoRA (lora8) | **0.001** | 3 | 0.633 | +0.333 | 0/3 | 0.0100 | 20 |" in table
+    assert "| troll | none | full (default) | 0.0003 | 3 | 0.500 | +0.200 | 0/3 |" in table  # 0.3 is not below 0.3
+    assert "| 0.001 | 0.633 | 0.0001 | 0.600 | 3 | +0.033 ± 0.517 | +0.083 ± 0.613 |" in table
+    assert offpolicy.report_lora([r for r in rows if r["setting"] == "default"]) == ""  # no LoRA ran
+    assert offpolicy.best_vs_best(rows) == []  # the learning rate is not a trust-region setting
