@@ -270,3 +270,15 @@ def test_vllm_backend_lora_run(tmp_path, monkeypatch, varied_reward):
     m = rows(tmp_path / "run")
     assert len(m) == 2 and all(r["time_sync"] > 0 and math.isfinite(r["policy"]) for r in m)
     assert all(abs(r["mismatch_logratio_absmax"]) < 1e-3 for r in m)  # float32 engine: the trainer's policy
+
+
+def test_tiny_lora_run_learns(tmp_path):
+    """README's LoRA command on CPU, shortened to 50 RL steps: only the adapters train, on the frozen warm-started
+    model, and held-out accuracy rises (seed 0, 500 problems: 0.304 -> 0.562 at step 50)."""
+    cfg = Config.from_args(
+        ["--preset", "tiny-lora", "--out", str(tmp_path / "run"), "--steps", "50", "--eval_size", "500"]
+    )
+    assert (cfg.lora_rank, cfg.lora_alpha, cfg.lr) == (8, 16.0, 3e-4)
+    summary = train(cfg)
+    assert summary["sft_reached"] and 0.2 < summary["eval_before"] < 0.5
+    assert summary["eval_after"] > summary["eval_before"] + 0.15

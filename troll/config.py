@@ -16,6 +16,7 @@ Presets:
     tiny-stale          the same task off-policy: rollouts 2 steps stale, lr 3e-4, anchored at the sampler, 40 steps
     tiny-rare           tiny-stale on the rare-behaviour task (a rewarded answer format the warm-start writes 1% of
                         the time) with a 1,024-token vocabulary: how fast each loss adopts a rare good token
+    tiny-lora           tiny-cpu with LoRA adapters (rank 8, alpha 16) on the frozen warm-started model, lr 3e-4
     gsm8k-qwen2.5-0.5b  GSM8K on one GPU: vLLM rollouts, bf16, chunked output layer, gradient checkpointing
     gsm8k-qwen3-0.6b    the same recipe for Qwen3-0.6B, with half the micro-batch
     gsm8k-qwen3-1.7b-lora   the recipe with LoRA (rank 32, lr 1e-5) for Qwen3-1.7B on a 24 GB GPU
@@ -208,7 +209,7 @@ class Config:
             default=None,
             choices=list(PRESETS),
             help="tiny-cpu (the defaults below: addition, tiny local model, CPU), tiny-stale (stale rollouts), "
-            "tiny-rare (a rare rewarded format) or a "
+            "tiny-rare (a rare rewarded format), tiny-lora (LoRA on the tiny model) or a "
             "GSM8K GPU recipe (gsm8k-qwen2.5-0.5b, gsm8k-qwen3-0.6b; with LoRA: gsm8k-qwen3-1.7b-lora on 24 GB, "
             "gsm8k-qwen3-8b-lora and gsm8k-llama3.1-8b-lora on 80 GB); default: tiny-cpu",
         )
@@ -394,6 +395,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         kl_update_vocab=4096,
         out="runs/tiny-rare",
     ),  # fmt: skip
+    # LoRA on the tiny task at its best learning rate in the paired study against full fine-tuning
+    # (docs/results.md#lora-against-full-fine-tuning-tiny-task): about 3x full fine-tuning's there
+    "tiny-lora": dict(lora_rank=8, lora_alpha=16.0, lr=3e-4, out="runs/tiny-lora"),
     "gsm8k-qwen2.5-0.5b": dict(_GSM8K_GPU, model="Qwen/Qwen2.5-0.5B-Instruct", out="runs/gsm8k-qwen2.5-0.5b"),
     # 8,192 tokens: troll.memory leaves 16,384 too close to a 24 GB GPU's budget beside vLLM for this model
     "gsm8k-qwen3-0.6b": dict(_GSM8K_GPU, model="Qwen/Qwen3-0.6B", micro_batch_tokens=8192, out="runs/gsm8k-qwen3-0.6b"),
