@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import importlib.util
 import json
 import os
 import shutil
@@ -53,6 +54,7 @@ from troll.checkpoint import (
     truncate_jsonl,
     write_json,
 )
+from troll.cli import UsageError
 from troll.config import RESUME_CHANGEABLE, Config, settings
 from troll.metrics import Logger, logger_missing
 
@@ -62,7 +64,7 @@ STATE_KEYS = ("step", "eval_before", "eval_after", "eval_best", "eval_best_step"
 STATE_KEYS += ("pending", "config")
 
 
-class RunError(Exception):
+class RunError(UsageError):
     """A problem with the run directory that the user must resolve; the message says how."""
 
 
@@ -83,6 +85,18 @@ def auto_micro_batch(cfg: Config, device: torch.device) -> int:
         run = memory.lora_run(cfg.lora_rank, vllm, cfg.lora_targets, cfg.bf16, cfg.grad_checkpointing, cfg.logits_chunk)
         return memory.colocated_micro_batch_tokens(cfg.model, gib, run)
     return memory.micro_batch_tokens(cfg.model, gib, vllm, cfg.grad_checkpointing, chunked=cfg.logits_chunk > 0)
+
+
+def environment_missing(cfg: Config) -> str | None:
+    """What the run asks for that this machine lacks (a CUDA device, vLLM, peft for LoRA), with the fix; or None.
+    Checked before anything is written."""
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        return "--device cuda, but torch sees no CUDA device here: pass --device cpu (or auto)"
+    if cfg.backend == "vllm" and importlib.util.find_spec("vllm") is None:
+        return "--backend vllm needs the optional vllm package, which is not installed: pass --backend hf or install it"
+    if cfg.lora_rank and importlib.util.find_spec("peft") is None:
+        return "--lora_rank needs the optional peft package, which is not installed: pip install -e '.[lora]'"
+    return None
 
 
 def check_sources(cfg: Config) -> None:
@@ -129,6 +143,8 @@ class Run:
     def open(cls, cfg: Config) -> Run:
         if missing := logger_missing(cfg.log_to):  # before anything is written, as the command line does
             raise ImportError(missing)
+        if missing := environment_missing(cfg):
+            raise RunError(missing)
         out = Path(cfg.out)
         try:
             out.mkdir(parents=True, exist_ok=True)
@@ -150,11 +166,21 @@ class Run:
         run = cls(cfg, lock, checkpoint, state)
         if not run.finished:
             cfg.save(out / "config.json")
+        summary = out / "summary.json"
+        if state is not None and not run.finished and summary.exists():  # finish() writes it again from the state
+            summary.unlink()
+            print(f"{summary} removed: it is written again when the run ends at step {cfg.steps}")
         return run
 
     @property
     def finished(self) -> bool:
-        return self.state is not None and self.state["step"] >= self.cfg.steps and (self.out / "summary.json").exists()
+        """A run at its last step whose summary.json reads (a damaged one is written again by `finish`)."""
+        if self.state is None or self.state["step"] < self.cfg.steps:
+            return False
+        try:
+            return isinstance(json.loads((self.out / "summary.json").read_text()), dict)
+        except (OSError, ValueError):
+            return False
 
     def summary(self) -> dict:
         """A finished run's summary.json, untouched."""
