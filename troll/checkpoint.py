@@ -190,6 +190,19 @@ def read_jsonl(path: str | Path, torn_tail: bool = False, skip_damaged: bool = F
     return rows
 
 
+def rows_by_name(path: str | Path, rows: Sequence[dict]) -> dict[str, dict]:
+    """A results file's rows by their "name": a row without one, or a name listed twice with different rows, is a
+    ValueError naming the file and the run; a row repeated as it is counts once."""
+    by_name: dict[str, dict] = {}
+    for row in rows:
+        name = row.get("name")
+        if not isinstance(name, str):
+            raise ValueError(f"{path}: a row has no run name: {json.dumps(row)[:80]}")
+        if by_name.setdefault(name, row) != row:
+            raise ValueError(f"{path}: run {name!r} is listed twice with different results; remove one of its rows")
+    return by_name
+
+
 def rewrite_jsonl(path: Path, rows: Sequence[dict]) -> None:
     """Replace the file by `rows`, atomically."""
     _write_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))

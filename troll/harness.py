@@ -112,7 +112,8 @@ def check_sources(cfg: Config) -> None:
         if cfg.task == "gsm8k":
             evaluate.check_hub_data(cfg.data)
             if Path(cfg.data).expanduser().exists() or not gsm8k.is_hub_name(cfg.data):
-                gsm8k.load_gsm8k("test", cfg.data)  # a local source: read and checked row by row
+                test = gsm8k.load_gsm8k("test", cfg.data)  # a local source: read and checked row by row
+                gsm8k.check_held_out(gsm8k.load_gsm8k("train", cfg.data), test, cfg.data)
     except (OSError, ValueError) as e:
         raise RunError(str(e)) from None
 
@@ -367,7 +368,7 @@ def _pick_checkpoint(out: Path) -> tuple[Path | None, dict | None]:
             )
         return ckpt, state
     if candidates:
-        raise RunError(f"no checkpoint in {out / 'checkpoints'} is whole (see above): start a new run")
+        raise RunError(f"no checkpoint in {out / 'checkpoints'} is whole (see above): start a new run in another --out")
     print(f"{out}: no checkpoint to resume from yet")
     return None, None
 

@@ -277,9 +277,9 @@ def check_troll_settings(
         raise ValueError(f"alpha must be a finite number >= 0, got {alpha!r}")
     check_k_delta(k, delta)
     if support not in SUPPORTS:
-        raise ValueError(f"unknown sparse model support={support!r}; choose from {SUPPORTS}")
+        raise ValueError(f"support={support!r} is an unknown sparse model; choose from {SUPPORTS}")
     if level not in LEVELS:
-        raise ValueError(f"unknown level={level!r}; choose from {LEVELS}")
+        raise ValueError(f"level={level!r} is unknown; choose from {LEVELS}")
 
 
 def troll_loss(

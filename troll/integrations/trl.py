@@ -186,7 +186,7 @@ class TROLLConfig(GRPOConfig):
         try:  # troll_loss's own rules, so a value it would refuse at the first step is refused here
             check_troll_settings(self.troll_eps, self.troll_alpha, self.troll_k, self.troll_delta, self.troll_support)
         except ValueError as e:
-            raise ValueError(f"TROLLConfig refuses a troll_* setting: {e}") from None
+            raise ValueError(f"TROLLConfig: troll_{e}") from None
 
 
 class TROLLGRPOTrainer(GRPOTrainer):
