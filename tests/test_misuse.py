@@ -40,8 +40,11 @@ def without_vllm(module: str, *argv: str) -> subprocess.CompletedProcess:
 
 
 def files(root: Path) -> dict[str, bytes]:
-    """Every file under `root` with its bytes: what a refused command must leave as it was."""
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    """Every file under `root` with its bytes (but a run's .lock, which names its last holder): what a refused
+    command must leave as it was."""
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file() and p.name != ".lock"
+    }
 
 
 def one_line(result: subprocess.CompletedProcess, status: int, *words: str) -> str:
