@@ -274,20 +274,21 @@ class Config:
         settings its newest readable checkpoint was written with (config.json is written again from them, a
         damaged one kept beside it, and both said). ValueError when there is nothing to resume."""
         path = out / "config.json"
-        try:
-            json.loads(path.read_text())
-        except FileNotFoundError:
-            problem = "does not exist"
-        except (OSError, ValueError):  # not UTF-8 or not JSON
-            problem = "is damaged"
+        if not path.is_file():
+            kind, problem = "missing", f"{path} does not exist"
         else:
-            return cls.load(path)
+            try:
+                json.loads(path.read_text())
+            except (OSError, ValueError):  # not UTF-8 or not JSON
+                kind, problem = "damaged", f"{path} is not valid JSON"
+            else:
+                return cls.load(path)
         from troll.checkpoint import checkpoint_settings  # imports torch: only for a run that needs it
 
         found = checkpoint_settings(out)
         if found is None:
             raise ValueError(
-                f"--resume true: {path} {problem} and no checkpoint holds the run's settings (nothing to resume): "
+                f"--resume true: {problem}, and no checkpoint holds the run's settings (nothing to resume): "
                 f"start the run without --resume, or choose another --out"
             )
         ckpt, fields = found
@@ -295,8 +296,8 @@ class Config:
         if path.exists():
             os.replace(path, path.with_name("config.json.damaged"))
         cfg.save(path)
-        kept = f" (the damaged one kept as {path.name}.damaged)" if problem == "is damaged" else ""
-        print(f"{path} {problem}: written again from {ckpt / 'trainer.pt'}{kept}")
+        kept = f" (the damaged one kept as {path.name}.damaged)" if kind == "damaged" else ""
+        print(f"{path} was {kind}: written again from {ckpt / 'trainer.pt'}{kept}")
         return cfg
 
 
