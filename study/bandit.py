@@ -72,6 +72,7 @@ from pathlib import Path
 from study import figures
 from study.offpolicy import merge_results, read_results, t_interval
 from study.run import _init_worker, usage_error
+from troll.cli import run_command
 
 TARGETS = (0.3, 0.05, 0.005, 1e-3, 1e-4)  # the good token's initial probability, one context each
 FOCUS = 2  # the context reported in the table: the good token at 0.005 (rank 21 of 32,000; the rank 20)
@@ -556,4 +557,4 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    run_command(PROG, main)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from troll.checkpoint import read_jsonl
+from troll.cli import run_command
 
 # the fields of a results row that the figures read
 FIELDS = (
@@ -188,4 +189,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_command("python -m study.figures", main)

@@ -60,7 +60,8 @@ from pathlib import Path
 from study import figures
 from study.run import _init_worker, train_run, usage_error
 from troll import plot
-from troll.checkpoint import read_jsonl, rewrite_jsonl
+from troll.checkpoint import read_jsonl, rewrite_jsonl, rows_by_name
+from troll.cli import UsageError, run_command
 from troll.config import Config, settings
 
 SOURCES: dict[str, dict] = {
@@ -213,8 +214,12 @@ def _read_config(path: Path) -> dict | None:
 
 
 def read_results(path: Path) -> dict[str, dict]:
-    """The results file's rows by run name (empty when there is no file)."""
-    return {r["name"]: r for r in read_jsonl(path)} if path.is_file() else {}
+    """The results file's rows by run name (empty when there is no file); a torn or conflicting row is a
+    UsageError naming the file and the line or run."""
+    try:
+        return rows_by_name(path, read_jsonl(path)) if path.is_file() else {}
+    except ValueError as e:
+        raise UsageError(f"{e} (fix or remove that row: its run is trained again)") from None
 
 
 def merge_results(path: Path, row: dict) -> None:
@@ -719,4 +724,4 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    run_command(PROG, main)

@@ -60,6 +60,8 @@ from typing import NoReturn
 
 from study import figures
 from troll import plot
+from troll.checkpoint import rows_by_name
+from troll.cli import run_command
 from troll.config import Config, settings
 
 VARIANTS: dict[str, dict] = {
@@ -197,7 +199,7 @@ def usage_error(message: str, prog: str = PROG) -> NoReturn:
 
 def read_results(path: Path) -> dict[str, dict]:
     """The results file's rows by run name (empty when there is no file)."""
-    return {r["name"]: r for r in figures.read_results(path)} if path.is_file() else {}
+    return rows_by_name(path, figures.read_results(path)) if path.is_file() else {}
 
 
 def merge_results(path: Path, new: Sequence[dict]) -> None:
@@ -327,8 +329,8 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     """Run (or list) the grid; returns the results rows of this grid's finished runs."""
     args = parse(argv)
-    Path(args.out).mkdir(parents=True, exist_ok=True)
     if args.calibrate:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
         calibrate(args)
         return []
     runs = grid(args)
@@ -344,6 +346,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
             f"run {name}{others} was made with other settings: {'; '.join(diff)}. Choose another --out and --results "
             "for these settings, or delete the run to make it again"
         )
+    Path(args.out).mkdir(parents=True, exist_ok=True)  # after the checks: a refused study writes nothing
     todo = [r for r in runs if r.name not in recorded and not (Path(args.out) / r.name / "summary.json").is_file()]
     total, source = estimate(todo, args)
     print(
@@ -378,4 +381,4 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    run_command(PROG, main)

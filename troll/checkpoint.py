@@ -100,6 +100,19 @@ def load_trainer_state(ckpt: Path) -> dict:
     return torch.load(ckpt / "trainer.pt", weights_only=False)
 
 
+def checkpoint_settings(out: Path) -> tuple[Path, dict] | None:
+    """The settings the newest readable checkpoint of run `out` was written with (trainer.pt's "config") and that
+    checkpoint; None when no checkpoint holds them."""
+    for ckpt in complete_checkpoints(out):
+        try:
+            state = load_trainer_state(ckpt)
+        except Exception:  # torch.load raises several types on a damaged file: the older checkpoint may do
+            continue
+        if isinstance(state, dict) and isinstance(state.get("config"), dict):
+            return ckpt, state["config"]
+    return None
+
+
 def _safetensors_problem(path: Path) -> str | None:
     """A safetensors file is an 8-byte header length, a JSON header and the tensor bytes it lists: check that the
     header parses and the file holds every byte it lists (a truncated copy does not)."""
@@ -140,12 +153,13 @@ def append_jsonl(path: Path, rows: Sequence[dict]) -> None:
         os.fsync(f.fileno())
 
 
-def read_jsonl(path: str | Path, torn_tail: bool = False) -> list[dict]:
+def read_jsonl(path: str | Path, torn_tail: bool = False, skip_damaged: bool = False) -> list[dict]:
     """The JSON objects of a JSONL file, one per non-blank line, in file order.
 
     A line that is not UTF-8, not JSON, or not a JSON object is a ValueError naming the file and the 1-based line.
     With `torn_tail`, a last line that does not end in a newline and does not parse (what a crash while appending
-    leaves: every complete row ends in one) is skipped with a warning naming the file instead.
+    leaves: every complete row ends in one) is skipped with a warning naming the file instead. With `skip_damaged`
+    (a log that resume repairs), every such line is skipped with a warning naming the file and the line.
     """
     path = Path(path)
     lines = path.read_bytes().split(b"\n")  # the last item is b"" when the file ends with a newline
@@ -161,16 +175,32 @@ def read_jsonl(path: str | Path, torn_tail: bool = False) -> list[dict]:
         except json.JSONDecodeError as e:
             problem = f"not valid JSON ({e.msg} at column {e.colno}): {raw[:80].decode('utf-8', 'replace')!r}"
         else:
-            if not isinstance(row, dict):
-                raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
-            rows.append(row)
-            continue
+            if isinstance(row, dict):
+                rows.append(row)
+                continue
+            problem = f"expected a JSON object, got {type(row).__name__}"
         if torn_tail and n == len(lines):
             message = f"{where}: skipped a torn last line ({problem}), as a run killed mid-write leaves one"
             warnings.warn(message, stacklevel=2)
             continue
+        if skip_damaged:
+            warnings.warn(f"{where}: skipped a damaged line ({problem})", stacklevel=2)
+            continue
         raise ValueError(f"{where}: {problem}")
     return rows
+
+
+def rows_by_name(path: str | Path, rows: Sequence[dict]) -> dict[str, dict]:
+    """A results file's rows by their "name": a row without one, or a name listed twice with different rows, is a
+    ValueError naming the file and the run; a row repeated as it is counts once."""
+    by_name: dict[str, dict] = {}
+    for row in rows:
+        name = row.get("name")
+        if not isinstance(name, str):
+            raise ValueError(f"{path}: a row has no run name: {json.dumps(row)[:80]}")
+        if by_name.setdefault(name, row) != row:
+            raise ValueError(f"{path}: run {name!r} is listed twice with different results; remove one of its rows")
+    return by_name
 
 
 def rewrite_jsonl(path: Path, rows: Sequence[dict]) -> None:
@@ -179,5 +209,7 @@ def rewrite_jsonl(path: Path, rows: Sequence[dict]) -> None:
 
 
 def truncate_jsonl(path: Path, step: int) -> None:
-    """Keep only the rows of steps <= step (resume: later rows are written again); atomic."""
-    rewrite_jsonl(path, [r for r in read_jsonl(path, torn_tail=True) if r.get("step", 0) <= step])
+    """Keep only the rows of steps <= step (resume: later rows are written again), dropping damaged lines with a
+    warning (a log: the run goes on without them); atomic. A missing file is started empty."""
+    rows = read_jsonl(path, torn_tail=True, skip_damaged=True) if path.exists() else []
+    rewrite_jsonl(path, [r for r in rows if r.get("step", 0) <= step])

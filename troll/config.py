@@ -179,12 +179,9 @@ class Config:
         try:
             cfg = cls(**PRESETS[args.preset or "tiny-cpu"])
             if overrides.get("resume"):
-                saved = Path(overrides.get("out", cfg.out)) / "config.json"
                 if args.preset:
                     parser.error("--preset with --resume: a resumed run keeps the settings in its config.json")
-                if not saved.is_file():
-                    parser.error(f"--resume true: {saved} does not exist (nothing to resume)")
-                cfg = cls.load(saved)
+                cfg = cls.resumed(Path(overrides.get("out", cfg.out)))
                 given = {k: v for k, v in overrides.items() if k not in NOT_SETTINGS}  # the flags, nothing filled in
                 fixed = [f"--{k} (the run has {getattr(cfg, k)!r})" for k, v in given.items()
                          if k not in RESUME_CHANGEABLE and v != getattr(cfg, k)]  # fmt: skip
@@ -271,6 +268,38 @@ class Config:
             return cls(**data)
         except ValueError as e:
             raise ValueError(f"{path}: {e}") from None
+
+    @classmethod
+    def resumed(cls, out: Path) -> Config:
+        """The config of the run in `out`, to resume it: its config.json; when that is missing or not JSON, the
+        settings its newest readable checkpoint was written with (config.json is written again from them, a
+        damaged one kept beside it, and both said). ValueError when there is nothing to resume."""
+        path = out / "config.json"
+        if not path.is_file():
+            kind, problem = "missing", f"{path} does not exist"
+        else:
+            try:
+                json.loads(path.read_text())
+            except (OSError, ValueError):  # not UTF-8 or not JSON
+                kind, problem = "damaged", f"{path} is not valid JSON"
+            else:
+                return cls.load(path)
+        from troll.checkpoint import checkpoint_settings  # imports torch: only for a run that needs it
+
+        found = checkpoint_settings(out)
+        if found is None:
+            raise ValueError(
+                f"--resume true: {problem}, and no checkpoint holds the run's settings (nothing to resume): "
+                f"start the run without --resume, or choose another --out"
+            )
+        ckpt, fields = found
+        cfg = cls(**(ADDED | fields), out=str(out), resume=True)
+        if path.exists():
+            os.replace(path, path.with_name("config.json.damaged"))
+        cfg.save(path)
+        kept = f" (the damaged one kept as {path.name}.damaged)" if kind == "damaged" else ""
+        print(f"{path} was {kind}: written again from {ckpt / 'trainer.pt'}{kept}")
+        return cfg
 
 
 NOT_SETTINGS = ("out", "resume")  # where and how a run is started, not what it is

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from troll.cli import run_command
 from troll.task import decode, encode, score
 
 if TYPE_CHECKING:
@@ -127,6 +128,25 @@ def check_hub_data(data: str) -> None:
         )
 
 
+def check_not_trained_on(model_path: str, rows: list[dict[str, str]], data: str) -> None:
+    """A ValueError when the model is a troll run's checkpoint whose GSM8K training problems (a local --data of the
+    run) include evaluated ones: a score on its own training problems is not a held-out accuracy."""
+    from troll import gsm8k
+
+    config = Path(model_path).parent.parent / "config.json"  # <run>/checkpoints/step-N -> <run>/config.json
+    try:
+        run = json.loads(config.read_text())
+    except (OSError, ValueError):
+        return  # not a run's checkpoint (or its config is unreadable): nothing to compare with
+    source = run.get("data", "") if run.get("task") == "gsm8k" else ""
+    if not source or not Path(source).expanduser().exists():
+        return  # the run trained on another task, or on the hub's train split, which shares no test problem
+    try:
+        gsm8k.check_held_out(gsm8k.load_gsm8k("train", source), rows, data)
+    except ValueError as e:
+        raise ValueError(f"{e} ({model_path} was trained on {source}: evaluate on held-out problems)") from None
+
+
 def greedy_generator(backend: str, model_path: str, tokenizer: Any, max_model_len: int) -> Generator:
     """A rollout backend ("hf" or "vllm") holding the model at `model_path`, for its `greedy` method."""
     import torch
@@ -175,12 +195,15 @@ def main(argv: list[str] | None = None) -> dict:
     if args.max_new_tokens < 1:
         fail(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     out = Path(args.out or Path("evals") / Path(args.model).name)
-    if out.exists() and not out.is_dir():
-        fail(f"--out {out} is a file, not a folder")
+    if file := next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None):
+        fail(f"--out {out}: {file} is a file, not a folder")
+    if args.backend == "vllm" and importlib.util.find_spec("vllm") is None:
+        fail("--backend vllm needs the optional vllm package, which is not installed: pass --backend hf")
     try:
         model_path, note = resolve_model(args.model)
         check_hub_data(args.data)
         rows = gsm8k.load_gsm8k("test", source=args.data, limit=args.limit)
+        check_not_trained_on(model_path, rows, args.data)
     except (OSError, ValueError) as e:
         fail(str(e))
     if note:
@@ -220,4 +243,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_command("python -m troll.evaluate", main)

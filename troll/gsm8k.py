@@ -151,6 +151,18 @@ def load_gsm8k(split: str, source: str = HUB_NAME, limit: int | None = None) -> 
     return checked
 
 
+def check_held_out(train: list[dict[str, str]], test: list[dict[str, str]], source: str) -> None:
+    """A ValueError when test problems are also training problems: an evaluation on them measures memory, not
+    reasoning (a single .jsonl file as --data gives the same rows to both splits)."""
+    seen = {r["question"].strip() for r in train}
+    shared = sum(r["question"].strip() in seen for r in test)
+    if shared:
+        raise ValueError(
+            f"--data {source}: {shared} of the {len(test)} test problems are also training problems; pass a folder "
+            "whose train.jsonl and test.jsonl hold different problems"
+        )
+
+
 def _jsonl_rows(path: Path) -> Iterator[tuple[dict[str, Any], str]]:
     """(row, "<file> line <n>") for every non-blank line of a JSONL file, read lazily; ValueError on a line that
     is not UTF-8 or not a JSON object."""

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import importlib.util
 import json
 import os
 import shutil
@@ -53,6 +54,7 @@ from troll.checkpoint import (
     truncate_jsonl,
     write_json,
 )
+from troll.cli import UsageError
 from troll.config import RESUME_CHANGEABLE, Config, settings
 from troll.metrics import Logger, logger_missing
 
@@ -62,7 +64,7 @@ STATE_KEYS = ("step", "eval_before", "eval_after", "eval_best", "eval_best_step"
 STATE_KEYS += ("pending", "config")
 
 
-class RunError(Exception):
+class RunError(UsageError):
     """A problem with the run directory that the user must resolve; the message says how."""
 
 
@@ -85,6 +87,18 @@ def auto_micro_batch(cfg: Config, device: torch.device) -> int:
     return memory.micro_batch_tokens(cfg.model, gib, vllm, cfg.grad_checkpointing, chunked=cfg.logits_chunk > 0)
 
 
+def environment_missing(cfg: Config) -> str | None:
+    """What the run asks for that this machine lacks (a CUDA device, vLLM, peft for LoRA), with the fix; or None.
+    Checked before anything is written."""
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        return "--device cuda, but torch sees no CUDA device here: pass --device cpu (or auto)"
+    if cfg.backend == "vllm" and importlib.util.find_spec("vllm") is None:
+        return "--backend vllm needs the optional vllm package, which is not installed: pass --backend hf or install it"
+    if cfg.lora_rank and importlib.util.find_spec("peft") is None:
+        return "--lora_rank needs the optional peft package, which is not installed: pip install -e '.[lora]'"
+    return None
+
+
 def check_sources(cfg: Config) -> None:
     """The model and the data the run reads can be had, checked before any work: a missing path, a run directory
     given as --model, malformed data or an unreachable hub name is a RunError naming it (troll.evaluate's checks)."""
@@ -98,7 +112,8 @@ def check_sources(cfg: Config) -> None:
         if cfg.task == "gsm8k":
             evaluate.check_hub_data(cfg.data)
             if Path(cfg.data).expanduser().exists() or not gsm8k.is_hub_name(cfg.data):
-                gsm8k.load_gsm8k("test", cfg.data)  # a local source: read and checked row by row
+                test = gsm8k.load_gsm8k("test", cfg.data)  # a local source: read and checked row by row
+                gsm8k.check_held_out(gsm8k.load_gsm8k("train", cfg.data), test, cfg.data)
     except (OSError, ValueError) as e:
         raise RunError(str(e)) from None
 
@@ -129,6 +144,8 @@ class Run:
     def open(cls, cfg: Config) -> Run:
         if missing := logger_missing(cfg.log_to):  # before anything is written, as the command line does
             raise ImportError(missing)
+        if missing := environment_missing(cfg):
+            raise RunError(missing)
         out = Path(cfg.out)
         try:
             out.mkdir(parents=True, exist_ok=True)
@@ -150,11 +167,21 @@ class Run:
         run = cls(cfg, lock, checkpoint, state)
         if not run.finished:
             cfg.save(out / "config.json")
+        summary = out / "summary.json"
+        if state is not None and not run.finished and summary.exists():  # finish() writes it again from the state
+            summary.unlink()
+            print(f"{summary} removed: it is written again when the run ends at step {cfg.steps}")
         return run
 
     @property
     def finished(self) -> bool:
-        return self.state is not None and self.state["step"] >= self.cfg.steps and (self.out / "summary.json").exists()
+        """A run at its last step whose summary.json reads (a damaged one is written again by `finish`)."""
+        if self.state is None or self.state["step"] < self.cfg.steps:
+            return False
+        try:
+            return isinstance(json.loads((self.out / "summary.json").read_text()), dict)
+        except (OSError, ValueError):
+            return False
 
     def summary(self) -> dict:
         """A finished run's summary.json, untouched."""
@@ -341,7 +368,7 @@ def _pick_checkpoint(out: Path) -> tuple[Path | None, dict | None]:
             )
         return ckpt, state
     if candidates:
-        raise RunError(f"no checkpoint in {out / 'checkpoints'} is whole (see above): start a new run")
+        raise RunError(f"no checkpoint in {out / 'checkpoints'} is whole (see above): start a new run in another --out")
     print(f"{out}: no checkpoint to resume from yet")
     return None, None
 

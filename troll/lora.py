@@ -37,7 +37,6 @@ Choices:
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -189,4 +188,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from troll.cli import run_command
+
+    run_command("python -m troll.lora", main)

@@ -91,8 +91,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from troll.dual import check_eps
 from troll.project import project_sparse
-from troll.sparse import SparseDist, Support, atom_kl, build_support, support_kl
+from troll.sparse import SUPPORTS, SparseDist, Support, atom_kl, build_support, check_k_delta, support_kl
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 LEVELS = ("token", "sequence")
@@ -266,6 +267,21 @@ def _weigh(x: Tensor, w: Tensor | None) -> Tensor:
     return x if w is None else w * x
 
 
+def check_troll_settings(
+    eps: float, alpha: float, k: int, delta: float, support: str = "rest", level: str = "token"
+) -> None:
+    """troll_loss's rules for its settings, a ValueError naming the first it refuses: what TROLLConfig checks when
+    it is made, so a setting the loss would refuse at the first step is refused when it is given."""
+    check_eps(eps)
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not (math.isfinite(alpha) and alpha >= 0):
+        raise ValueError(f"alpha must be a finite number >= 0, got {alpha!r}")
+    check_k_delta(k, delta)
+    if support not in SUPPORTS:
+        raise ValueError(f"support={support!r} is an unknown sparse model; choose from {SUPPORTS}")
+    if level not in LEVELS:
+        raise ValueError(f"level={level!r} is unknown; choose from {LEVELS}")
+
+
 def troll_loss(
     logits: Tensor,
     tokens: Tensor,
@@ -289,8 +305,7 @@ def troll_loss(
 ) -> LossOut:
     """TROLL: importance ratio of the projected policy, plus the regression of p onto sg(pi*); with behaviour_logp
     the ratio term is weighted by w = sg(min(q(y) / mu(y), is_cap)) (module docstring)."""
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not (math.isfinite(alpha) and alpha >= 0):
-        raise ValueError(f"alpha must be a finite number >= 0, got {alpha!r}")
+    check_troll_settings(eps, alpha, k, delta, support, level)
     s = _support(
         logits, tokens, mask, adv, old, support, k, delta, agg, level, behaviour_logp, is_cap, is_mode, is_floor
     )

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from troll.checkpoint import read_jsonl
+from troll.cli import run_command
 
 DEFAULT_KEYS = (
     "reward",
@@ -121,4 +122,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_command("python -m troll.plot", main)

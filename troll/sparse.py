@@ -109,7 +109,7 @@ class SparseDist:
         return out
 
 
-def _check_k_delta(k: int, delta: float, tail_prob: float = TAIL_PROB) -> None:
+def check_k_delta(k: int, delta: float, tail_prob: float = TAIL_PROB) -> None:
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be an integer >= 1, got {k!r}")
     if not (isinstance(delta, (int, float)) and 0 <= delta < 1):
@@ -146,7 +146,7 @@ def sparsify(logits: Logits, tokens: Tensor, k: int = 64, delta: float = 1e-5) -
 def sparsify_with_entropy(logits: Logits, tokens: Tensor, k: int, delta: float) -> tuple[SparseDist, Tensor]:
     """`sparsify`, plus the exact entropy [N] of each row's full distribution (no gradient)."""
     _check_logits(logits, tokens)
-    _check_k_delta(k, delta)
+    check_k_delta(k, delta)
     top = topk(logits, k)  # sorted by probability
     y_apart = ~(top == tokens[:, None]).any(-1, keepdim=True)
     cand = torch.cat([top, tokens[:, None]], -1)
@@ -183,8 +183,9 @@ def sparsify_topk(
             f"expected top_logp/top_idx [N, K] and token_logp [N]; got "
             f"{tuple(top_logp.shape)}, {tuple(top_idx.shape)}, {tuple(token_logp.shape)}"
         )
-    _check_k_delta(max(top_idx.shape[1], 1), delta, tail_prob)
+    check_k_delta(max(top_idx.shape[1], 1), delta, tail_prob)
     _check_tokens(top_idx, vocab_size, "top-K ids")
+    _check_distinct(top_idx, "top-K ids")
     if tokens.shape != token_logp.shape:
         raise ValueError(f"tokens {tuple(tokens.shape)} and token_logp {tuple(token_logp.shape)} differ in shape")
     _check_tokens(tokens, vocab_size)
@@ -221,6 +222,15 @@ def _keep(top_logp: Tensor, beyond: Tensor, top_idx: Tensor, tokens: Tensor, del
     width = int(mask.sum(-1).max()) if mask.shape[0] else 1
     order = (~mask).to(torch.uint8).argsort(dim=-1, stable=True)[:, :width]
     return order, mask.gather(-1, order)
+
+
+def _check_distinct(idx: Tensor, what: str) -> None:
+    """Each row of idx [N, K] lists a token id at most once (a support holds each token once)."""
+    ids = idx.sort(-1).values
+    twice = ids[:, 1:] == ids[:, :-1]
+    if bool(twice.any()):
+        row, col = (int(i) for i in twice.nonzero()[0])
+        raise ValueError(f"{what}: row {row} lists token id {int(ids[row, col])} twice; a support lists each once")
 
 
 def _fill(x: Tensor, mask: Tensor) -> Tensor:

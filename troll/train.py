@@ -29,7 +29,6 @@ math and states every choice.
 from __future__ import annotations
 
 import os
-import sys
 
 from troll.config import Config
 
@@ -38,6 +37,7 @@ if __name__ == "__main__":  # parse the command line before importing torch: --h
     CLI_CONFIG = Config.from_args()
 
 import math
+import shlex
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -47,8 +47,9 @@ import torch
 
 from troll.advantages import advantages
 from troll.checkpoint import save_base
+from troll.cli import run_command
 from troll.diagnostics import UpdateKL, mismatch, peak_memory_mb
-from troll.harness import Run, RunError, check_sources
+from troll.harness import Run, check_sources
 from troll.lora import base_weights, owns_base, unwrap
 from troll.losses import LOSSES
 from troll.metrics import merge
@@ -306,10 +307,12 @@ def train(
         return run.finish(len(task.test))
 
 
-if __name__ == "__main__":
-    try:
-        check_sources(CLI_CONFIG)
-        train(CLI_CONFIG)
-    except RunError as e:  # a problem with the run directory or its sources: one line, usage exit status
-        print(f"troll.train: error: {e}", file=sys.stderr)
-        sys.exit(2)
+def main(cfg: Config) -> None:
+    """The command: the model and data checked before any work, then the run."""
+    check_sources(cfg)
+    train(cfg)
+
+
+if __name__ == "__main__":  # a RunError: one line, exit 2; Ctrl-C: the command that continues the run, exit 130
+    resume = f"python -m troll.train --out {shlex.quote(CLI_CONFIG.out)} --resume true"
+    run_command("python -m troll.train", lambda: main(CLI_CONFIG), resume=resume)

@@ -88,10 +88,10 @@ from torch import Tensor
 
 from troll.diagnostics import mismatch_at
 from troll.lora import base_weights, engine_weights, is_lora
-from troll.losses import IS_MODES, troll_loss
+from troll.losses import IS_MODES, check_troll_settings, troll_loss
 from troll.metrics import merge
 from troll.policy import packed_logits
-from troll.sparse import SUPPORTS, TENSOR_FIELDS, SparseDist, cat_rows, sparsify
+from troll.sparse import TENSOR_FIELDS, SparseDist, cat_rows, sparsify
 
 TRL_VERSIONS = ">=1.16,<1.17"
 EPSILON = 0.2  # GRPOConfig's default epsilon (its epsilon_high defaults to None)
@@ -183,13 +183,10 @@ class TROLLConfig(GRPOConfig):
             raise ValueError("TROLLConfig does not support: " + "; ".join(wrong))
         if self.troll_logits_chunk < 0:
             raise ValueError(f"troll_logits_chunk must be >= 0, got {self.troll_logits_chunk}")
-        if self.troll_support not in SUPPORTS:
-            raise ValueError(f"troll_support must be one of {SUPPORTS}, got {self.troll_support!r}")
-        if not (self.troll_eps > 0 and self.troll_alpha >= 0 and self.troll_k >= 1 and 0 <= self.troll_delta < 1):
-            raise ValueError(
-                f"need troll_eps > 0, troll_alpha >= 0, troll_k >= 1, 0 <= troll_delta < 1; got {self.troll_eps}, "
-                f"{self.troll_alpha}, {self.troll_k}, {self.troll_delta}"
-            )
+        try:  # troll_loss's own rules, so a value it would refuse at the first step is refused here
+            check_troll_settings(self.troll_eps, self.troll_alpha, self.troll_k, self.troll_delta, self.troll_support)
+        except ValueError as e:
+            raise ValueError(f"TROLLConfig: troll_{e}") from None
 
 
 class TROLLGRPOTrainer(GRPOTrainer):
