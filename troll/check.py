@@ -288,7 +288,8 @@ class Recorder:
         else:
             self.process_peak = max(self.process_peak, proc_status_bytes("VmHWM"))
             reset_peak_rss()
-        self._window = {"baseline": _memory_now(self.cuda), "tokens": update_tokens(self.cfg, ro)}
+        self._window = {"baseline": _memory_now(self.cuda), "tokens": update_tokens(self.cfg, ro),
+                        "anchor_rows": anchor_rows(self.cfg, ro)}  # fmt: skip
         return ro
 
     def greedy(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
@@ -325,6 +326,13 @@ def update_tokens(cfg: Config, ro: Rollouts) -> tuple[int, float]:
     width = max(len(p) for p in ro.prompt_ids) + ro.completion_ids.shape[1]
     rows = min(max(1, cfg.micro_batch_tokens // width), math.ceil(len(ro) / cfg.minibatches))
     return rows * width, ro.completion_ids.shape[1] / width
+
+
+def anchor_rows(cfg: Config, ro: Rollouts) -> int:
+    """Completion rows of the old policy's largest micro-batch (troll.train.old_policy: micro-batches of at most
+    micro_batch_tokens padded tokens over the whole batch) for rollouts `ro`."""
+    width = max(len(p) for p in ro.prompt_ids) + ro.completion_ids.shape[1]
+    return min(len(ro), max(1, cfg.micro_batch_tokens // width)) * ro.completion_ids.shape[1]
 
 
 class LossWatch:
@@ -431,7 +439,8 @@ def memory_check(cfg: Config, arch: str | None, windows: list[dict], device: str
             predicted = (
                 memory.lora_peak_bytes(arch, tokens, cfg.lora_rank, cfg.lora_targets, cfg.bf16, cfg.grad_checkpointing,
                                        cfg.logits_chunk, share) - memory.RUNTIME
-                if cuda else memory.lora_cpu_excess(arch, tokens, int(share * tokens), cfg.lora_rank, step == 1)
+                if cuda else memory.lora_cpu_excess(arch, tokens, int(share * tokens), cfg.lora_rank, step == 1,
+                                                    w.get("anchor_rows", 0))
             )  # fmt: skip
         else:
             shape = memory.shape(arch)

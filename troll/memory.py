@@ -345,14 +345,21 @@ def lora_peak_bytes(
     return lora_fixed_bytes(model, rank, targets, bf16) + extra + (act + logits) * tokens
 
 
-def lora_cpu_excess(model: str, tokens: int, completion_rows: int, rank: int = 32, first_step: bool = True) -> float:
+def lora_cpu_excess(
+    model: str, tokens: int, completion_rows: int, rank: int = 32, first_step: bool = True, anchor_rows: int = 0
+) -> float:
     """What `python -m troll.check` on CPU (float32, no autocast, chunked head of CHUNK rows, checkpointing on)
-    measures of a LoRA update: its peak resident memory over what was resident after the rollout. The base, the
-    adapters and (after step 1) their AdamW states are resident and cancel; what is left:
-    lora_extra (at min(CHUNK, completion_rows) head rows) + act_ckpt x tokens + the adapters' gradients (4 B/param,
-    made in every backward: zero_grad sets them to None) + in step 1 their AdamW states (8 B/param)."""
-    extra = lora_extra_bytes(model, completion_rows, CHUNK, bf16=False)
-    return extra + lora_act_bytes(model) * tokens + lora_params(model, rank) * (12 if first_step else 4)
+    measures of a LoRA step's update window (the end of a rollout to the push): its peak resident memory over what
+    was resident when the window opened. The base, the adapters and, after step 1, their gradients (left by the
+    previous step's last backward) and AdamW states are resident then and cancel. What is left is the larger of
+    - the update: lora_extra (at min(CHUNK, completion_rows) head rows) + act_ckpt x tokens, + in step 1 the
+      adapters' gradients and AdamW states (12 B/param), allocated for the first time;
+    - the old policy's no-grad pass over the batch (troll.train.old_policy), `anchor_rows` completion rows in one
+      micro-batch: the head's buffers at min(CHUNK, anchor_rows) rows (its activations are freed layer by layer).
+    With short rows after step 1 the second is the larger (the dress rehearsal, docs/results.md)."""
+    update = lora_extra_bytes(model, completion_rows, CHUNK, bf16=False) + lora_act_bytes(model) * tokens
+    update += lora_params(model, rank) * 12 if first_step else 0.0
+    return max(update, lora_extra_bytes(model, anchor_rows, CHUNK, bf16=False))
 
 
 # ----------------------------------------------------------------------------- vLLM colocated: two phases
