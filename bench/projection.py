@@ -73,6 +73,7 @@ os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # read at torch's first CPU 
 import torch  # noqa: E402
 from _util import int_at_least  # noqa: E402
 
+from troll.cli import run_command
 from troll.losses import ppo_clip, troll_loss  # noqa: E402
 from troll.sparse import sparsify  # noqa: E402
 
@@ -276,5 +277,5 @@ def main() -> None:
     )
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # Ctrl-C: one line, exit 130
+    run_command("python bench/projection.py", main)

@@ -71,6 +71,7 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's troll, before _util imports it
 from _util import comma_list, int_at_least, positive_float  # noqa: E402
 
+from troll.cli import run_command
 from troll.diagnostics import proc_status_bytes, reset_peak_rss  # noqa: E402
 from troll.lora import add_adapters  # noqa: E402
 from troll.losses import ppo_clip, troll_loss  # noqa: E402
@@ -330,5 +331,5 @@ def main() -> None:
     report(results)
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # Ctrl-C: one line, exit 130
+    run_command("python bench/real_shapes.py", main)

@@ -58,6 +58,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported 
 import torch  # noqa: E402
 from _util import int_at_least  # noqa: E402
 
+from troll.cli import run_command
 from troll.rollout import HFGenerator, Rollouts  # noqa: E402
 from troll.tiny import save_tiny, tiny_llama, train_tokenizer  # noqa: E402
 from troll.vllm_engine import VLLMGenerator  # noqa: E402
@@ -214,5 +215,5 @@ def main() -> None:
     print(f"SUMMARY vLLM/HF tokens per second: {text} (target >= 3x): {verdict}")
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # Ctrl-C: one line, exit 130
+    run_command("python bench/rollout.py", main)

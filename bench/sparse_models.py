@@ -24,6 +24,7 @@ import torch  # noqa: E402
 from _util import int_at_least, positive_float  # noqa: E402
 
 from troll import addition  # noqa: E402
+from troll.cli import run_command
 from troll.policy import completion_logits  # noqa: E402
 from troll.project import project_sparse  # noqa: E402
 from troll.sparse import SUPPORTS, build_support, sparsify, support_kl  # noqa: E402
@@ -75,5 +76,5 @@ def main() -> None:
     )
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # Ctrl-C: one line, exit 130
+    run_command("python bench/sparse_models.py", main)

@@ -65,6 +65,7 @@ import torch  # noqa: E402
 from _util import REWARDS, cpu_user, int_at_least, median, ratio  # noqa: E402
 
 import troll.train as train  # noqa: E402
+from troll.cli import run_command
 from troll.config import Config  # noqa: E402
 from troll.losses import LOSSES  # noqa: E402
 from troll.policy import build_model  # noqa: E402
@@ -242,5 +243,5 @@ def main() -> None:
     sys.stdout.flush()
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # Ctrl-C: one line, exit 130
+    run_command("python bench/step.py", main)

@@ -68,6 +68,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported 
 
 from _util import cpu_user, int_at_least, median, parity_reward, positive_float, ratio  # noqa: E402
 
+from troll.cli import run_command
+
 INSTALL = 'pip install -e ".[trl]"  (trl>=1.16,<1.17)'
 SIDES = ("troll", "troll_clip", "trl", "trl_troll")
 MB = 2**20
@@ -361,5 +363,5 @@ def main() -> None:
     )
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # Ctrl-C: one line, exit 130
+    run_command("python bench/trl_compare.py", main)

@@ -189,6 +189,26 @@ def test_ctrl_c_says_how_to_continue(tmp_path):
     one_line(result, 130, "interrupted", f"python -m troll.train --out {out} --resume true")
 
 
+@pytest.mark.parametrize(
+    "argv, prog",
+    [
+        (["-m", "troll.check", "--shape", "tiny", "--backend", "hf", "--out", "{tmp}/check"], "python -m troll.check"),
+        (["bench/step.py"], "python bench/step.py"),
+    ],
+    ids=["check", "bench"],
+)
+def test_ctrl_c_in_the_check_and_a_benchmark_is_one_line(tmp_path, argv, prog):
+    """Ctrl-C in the middle of the acceptance check or a benchmark (its first line printed, or 8 s in): one line,
+    exit 130, no traceback."""
+    argv = [sys.executable, *(a.format(tmp=tmp_path) for a in argv)]
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = proc.stdout.readline() if "bench" in prog else time.sleep(8)  # past the imports, into the work
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert first != ""  # the benchmark was at work, not finished
+    one_line(subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr), 130, prog, "interrupted")
+
+
 # ------------------------------------------------------------------------------------------ study results files
 
 

@@ -135,6 +135,7 @@ from typing import Any  # noqa: E402
 import torch  # noqa: E402
 
 from troll import memory  # noqa: E402
+from troll.cli import run_command  # noqa: E402
 from troll.config import Config  # noqa: E402
 from troll.diagnostics import proc_status_bytes, reset_peak_rss  # noqa: E402
 from troll.head import LMHead  # noqa: E402
@@ -648,4 +649,4 @@ if __name__ == "__main__":
     if CLI_ARGS.measure:  # the child process of main(isolate=True)
         measure(Path(CLI_ARGS.measure))
         sys.exit(0)
-    sys.exit(main(sys.argv[1:], CLI_ARGS))
+    run_command("python -m troll.check", lambda: main(sys.argv[1:], CLI_ARGS))  # Ctrl-C: one line, exit 130

@@ -32,13 +32,14 @@ def fail(prog: str, message: str) -> NoReturn:
 
 
 def run_command(prog: str, main: Callable[[], Any], resume: str | None = None) -> NoReturn:
-    """Run a command's `main`; a UsageError and Ctrl-C end it with one line (module docstring)."""
+    """Run a command's `main`; a UsageError and Ctrl-C end it with one line (module docstring). An int that `main`
+    returns is the exit status (troll.check's 1 for a failed check); anything else exits 0."""
     try:
-        main()
+        status = main()
     except UsageError as e:
         fail(prog, str(e))
     except KeyboardInterrupt:
         then = f"; continue with: {resume}" if resume else ""
         print(f"\n{prog}: interrupted{then}", file=sys.stderr)
         raise SystemExit(INTERRUPTED) from None
-    raise SystemExit(0)
+    raise SystemExit(status if isinstance(status, int) else 0)
