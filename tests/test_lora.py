@@ -13,7 +13,7 @@ import torch
 
 pytest.importorskip("peft")
 
-from test_train import rows, tiny  # noqa: E402
+from test_train import rows, straight_and_resumed, tiny  # noqa: E402
 
 from troll import lora  # noqa: E402
 from troll.config import Config  # noqa: E402
@@ -160,11 +160,7 @@ def test_lora_run_checkpoints_adapters_and_keeps_its_base_once(tmp_path, varied_
 def test_lora_resume_is_bit_exact(tmp_path, varied_reward):
     """Resumed at step 2, step 3 is the uninterrupted run's: metrics and every adapter weight bit for bit."""
     kw = dict(lora_rank=4, lora_alpha=8, save_every=1)
-    train(tiny(tmp_path / "a", steps=3, **kw))
-    first = tiny(tmp_path / "b", steps=2, **kw)
-    train(first)
-    train(dataclasses.replace(first, steps=3, resume=True))
-    a, b = rows(tmp_path / "a" / "run"), rows(tmp_path / "b" / "run")
+    a, b = straight_and_resumed(tmp_path, **kw)
     assert [m["step"] for m in b] == [1, 2, 3]
     for key in a[2]:
         if not key.startswith(("time_", "tokens_per_s", "peak_memory_mb")):
@@ -256,7 +252,6 @@ def test_lora_config_checks():
     with pytest.raises(ValueError, match="lora_alpha"):
         Config(lora_alpha=float("nan"))
     assert Config.from_args(["--lora_rank", "8", "--lora_targets", "q_proj,v_proj"]).lora_rank == 8
-
 
 
 @pytest.mark.vllm

@@ -130,17 +130,21 @@ def test_vllm_backend_stale_bf16_rollouts_resume_exactly(tmp_path, monkeypatch, 
             assert m[2][key] == pytest.approx(b[2][key], rel=1e-6, abs=1e-9), key
 
 
+def straight_and_resumed(tmp_path, **kw) -> tuple[list[dict], list[dict]]:
+    """`tiny(**kw)` run straight to step 3 in tmp_path/a, and to step 2 then resumed to 3 in tmp_path/b: the step
+    rows of each."""
+    train(tiny(tmp_path / "a", steps=3, **kw))
+    first = tiny(tmp_path / "b", steps=2, **kw)
+    train(first)
+    train(dataclasses.replace(first, steps=3, resume=True))
+    return rows(tmp_path / "a" / "run"), rows(tmp_path / "b" / "run")
+
+
 @pytest.mark.parametrize("epochs, staleness, rollout_dtype", [(1, 0, "auto"), (2, 0, "auto"), (1, 2, "bfloat16")])
 def test_resume_equals_uninterrupted(tmp_path, varied_reward, epochs, staleness, rollout_dtype):
     """Resumed at step 2, step 3 is the uninterrupted run's step 3, also with batches sampled ahead (the pending
     ones are in the checkpoint) by a bf16 sampler."""
-    kw = dict(save_every=1, epochs=epochs, staleness=staleness, rollout_dtype=rollout_dtype)
-    straight = tiny(tmp_path / "a", steps=3, **kw)
-    train(straight)
-    first = tiny(tmp_path / "b", steps=2, **kw)
-    train(first)
-    train(dataclasses.replace(first, steps=3, resume=True))
-    a, b = rows(tmp_path / "a" / "run"), rows(tmp_path / "b" / "run")
+    a, b = straight_and_resumed(tmp_path, save_every=1, epochs=epochs, staleness=staleness, rollout_dtype=rollout_dtype)
     assert [m["step"] for m in b] == [1, 2, 3]
     for key in a[2]:
         if not key.startswith(TIMING_KEYS):
