@@ -21,7 +21,8 @@ One RL step (`rl_step`), with pi_theta the network, q the old policy it is ancho
 
 The projection replaces PPO's ratio clipping: the ratio is that of the projected policy, which is inside the trust
 region by construction and differentiable in theta. `--loss ppo_clip | dppo | cispo` swaps step 5's loss for a
-baseline. Everything else lives beside this file: the run directory and resume (troll.harness), the task and its
+baseline; `--lora_rank r` trains LoRA adapters on a frozen base instead of every weight (troll.lora), with steps
+1-6 unchanged. Everything else lives beside this file: the run directory and resume (troll.harness), the task and its
 reward (troll.task), the settings (troll.config), measurements (troll.diagnostics); docs/algorithm.md derives the
 math and states every choice.
 """
