@@ -330,10 +330,9 @@ def update_tokens(cfg: Config, ro: Rollouts) -> tuple[int, float]:
 
 
 def anchor_rows(cfg: Config, ro: Rollouts) -> int:
-    """Completion rows of the old policy's largest micro-batch (troll.train.old_policy: micro-batches of at most
-    micro_batch_tokens padded tokens over the whole batch) for rollouts `ro`."""
-    width = max(len(p) for p in ro.prompt_ids) + ro.completion_ids.shape[1]
-    return min(len(ro), max(1, cfg.micro_batch_tokens // width)) * ro.completion_ids.shape[1]
+    """Completion rows of the old policy's largest micro-batch for rollouts `ro` (troll.train.old_policy splits the
+    whole batch with `Rollouts.micro_batches`)."""
+    return max(len(rows) for rows in ro.micro_batches(cfg.micro_batch_tokens)) * ro.completion_ids.shape[1]
 
 
 class LossWatch:
