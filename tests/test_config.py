@@ -43,6 +43,8 @@ BAD_FLAGS = [
     (["--delta", "nan"], r"delta must be in \[0, 1\)"),
     (["--clip_low", "1"], r"clip_low must be in \[0, 1\)"),
     (["--clip_high", "-0.1"], "clip_high must be >= 0"),
+    (["--dppo_cap", "0.5"], r"dppo_cap must be >= 1 and finite"),
+    (["--dppo_cap", "inf"], r"dppo_cap must be >= 1 and finite"),
     (["--lr", "0"], "lr must be > 0"),
     (["--lr", "nan"], "lr must be > 0"),
     (["--sft_lr", "0"], "sft_lr must be > 0"),
@@ -180,7 +182,7 @@ def test_loss_kwargs_are_the_loss_functions_keyword_arguments():
     want = {
         "troll": shared | {"eps": 0.1, "alpha": 0.5, "level": "sequence"},
         "ppo_clip": shared | {"eps_low": 0.1, "eps_high": 0.3, "level": "sequence"},
-        "dppo": shared | {"divergence": "topk_kl"},
+        "dppo": shared | {"divergence": "topk_kl", "ratio_cap": 10.0},
         "cispo": shared | {"eps_high": 0.3},
     }
     assert set(want) == set(LOSSES)
@@ -355,13 +357,41 @@ def test_a_config_saved_before_vocab_size_existed_ran_with_its_added_value(tmp_p
     del saved["vocab_size"]
     path.write_text(json.dumps(saved))
     assert Config.load(path) == Config()
-    assert ADDED == {"vocab_size": 0, "lora_rank": 0, "lora_alpha": 32.0, "lora_targets": "all-linear"}
+    assert ADDED == {"vocab_size": 0, "lora_rank": 0, "lora_alpha": 32.0, "lora_targets": "all-linear", "dppo_cap": 2.0}
     for name in ("lora_rank", "lora_alpha", "lora_targets"):  # every run before LoRA trained every weight
         del saved[name]
     path.write_text(json.dumps(saved))
     assert Config.load(path) == Config()
     assert settings(saved) == settings(dataclasses.asdict(Config()))
     assert settings({**saved, "vocab_size": 1024})["vocab_size"] == 1024
+
+
+def test_a_dppo_run_saved_before_its_cap_was_a_setting_ran_at_two(tmp_path):
+    """DPPO's cap was fixed at 2 before dppo_cap existed (the authors' 10 is the default since): a saved DPPO config
+    without the field loads at 2 and resumes as it ran; any other loss, which the cap does not touch, takes today's
+    default, so its old rows still compare equal to the same run made now."""
+    from troll.config import settings
+
+    path = tmp_path / "config.json"
+    for loss, cap in (("dppo", 2.0), ("troll", 10.0), ("cispo", 10.0)):
+        Config(loss=loss).save(path)
+        saved = json.loads(path.read_text())
+        del saved["dppo_cap"]
+        path.write_text(json.dumps(saved))
+        assert Config.load(path).dppo_cap == cap and settings(saved)["dppo_cap"] == cap, loss
+    assert Config(loss="dppo").dppo_cap == 10.0 and Config(loss="dppo", dppo_cap=20.0).loss_kwargs()["ratio_cap"] == 20
+
+
+def test_an_unset_clip_range_follows_the_level():
+    """clip_low / clip_high unset: PPO's 0.2 per token, GSPO's 3e-4 / 4e-4 per sequence, resolved once when the
+    config is made (from preset and flags together); a value given wins, and the saved config holds numbers."""
+    assert (Config().clip_low, Config().clip_high) == (0.2, 0.2)
+    gspo = Config.from_args(["--loss", "ppo_clip", "--level", "sequence"])
+    assert (gspo.clip_low, gspo.clip_high) == (3e-4, 4e-4)
+    given = Config.from_args(["--loss", "ppo_clip", "--level", "sequence", "--clip_high", "1e-3"])
+    assert (given.clip_low, given.clip_high) == (3e-4, 1e-3)
+    assert Config.from_args(["--loss", "cispo", "--clip_high", "5"]).loss_kwargs()["eps_high"] == 5.0
+    assert dataclasses.asdict(gspo)["clip_low"] == 3e-4
 
 
 LORA_PRESET_GPUS = {"gsm8k-qwen3-1.7b-lora": 24, "gsm8k-qwen3-8b-lora": 80, "gsm8k-llama3.1-8b-lora": 80}  # GiB

@@ -3,6 +3,7 @@
 Expected numbers are written from the formulas in docs/algorithm.md (by hand, or with scipy/math for the
 projection of a two-token distribution), never read back from the code under test."""
 
+import inspect
 import itertools
 import math
 
@@ -113,8 +114,22 @@ def test_dppo_divergences():
         dppo(*binary(0.8, 0.5, 1.0), divergence="nope")
 
 
+@pytest.mark.parametrize("divergence", ["binary_kl", "topk_kl"])
+def test_dppo_kl_runs_from_the_behaviour_policy_to_p(divergence):
+    """The authors' KL is KL(mu || p), not KL(p || mu): at p(y) = 0.21, mu(y) = 0.1 (over V = 2),
+    KL(Bern 0.1 || Bern 0.21) = 0.1 ln(0.1 / 0.21) + 0.9 ln(0.9 / 0.79) = 0.0431 < 0.05: allowed, while the other
+    direction, 0.21 ln 2.1 + 0.79 ln(0.79 / 0.9) = 0.0528, would mask it (A > 0 and p > mu)."""
+    mu_to_p = 0.1 * math.log(0.1 / 0.21) + 0.9 * math.log(0.9 / 0.79)
+    assert mu_to_p < 0.05 < 0.21 * math.log(2.1) + 0.79 * math.log(0.79 / 0.9)
+    loss, g, m = grad_of(dppo, *binary(0.21, 0.1, 1.0), divergence=divergence)
+    assert m["frac_active"] == 0.0 and loss == pytest.approx(-2.1 * math.log(0.21), abs=1e-12)
+    loss, g, m = grad_of(dppo, *binary(0.23, 0.1, 1.0), divergence=divergence)  # KL(mu || p) = 0.0571: masked
+    assert m["frac_active"] == 1.0 and g.abs().max() == 0.0
+
+
 def test_dppo_topk_divergences_equal_the_dense_top_k_plus_rest():
-    """DPPO's TopK-TV / TopK-KL: p and q on q's kept set plus one "rest" bucket, from the full distributions."""
+    """DPPO's TopK-TV / TopK-KL: p and q on q's kept set plus one "rest" bucket, from the full distributions; the
+    KL from the behaviour policy q to p, as the authors' compute_topk_kl."""
     logits, tokens, _, _, old = ragged_batch(seed=5)
     b, t, v = logits.shape
     s = build_support(logits.detach().view(-1, v), tokens.view(-1), old)
@@ -125,9 +140,127 @@ def test_dppo_topk_divergences_equal_the_dense_top_k_plus_rest():
         rest = torch.ones(v, dtype=torch.bool)
         rest[kept] = False
         pk, qk = torch.cat([p[r, kept], p[r, rest].sum()[None]]), torch.cat([q[r, kept], q[r, rest].sum()[None]])
-        tv, kl = float(0.5 * (pk - qk).abs().sum()), float((pk * (pk / qk).log()).sum())
+        tv, kl = float(0.5 * (pk - qk).abs().sum()), float((qk * (qk / pk).log()).sum())  # KL(q || p), as DPPO's
         assert float(dppo_divergence("topk_tv", s)[r]) == pytest.approx(tv, abs=1e-12)
         assert float(dppo_divergence("topk_kl", s)[r]) == pytest.approx(kl, abs=1e-12)
+
+
+def authors_dppo(logits, old_logits, tokens, mask, adv, kept, divergence, cap):
+    """DPPO as its authors write it (sail-sg/Stable-RL, verl/trainer/ppo/core_algos.py: compute_policy_loss_with_mask,
+    _compute_token_mask_for_policy_loss; actor utils compute_topk_kl), here from dense log-probs over V, token-mean:
+
+        L = mean_t(-A sg(min(exp(min(log p(y) - log mu(y), 20)), c)) valid log p(y))
+        valid = 1 - where(A > 0, invalid_pos, invalid_neg), with, for D and thresholds 0.15 (TV) / 0.05 (KL):
+          binary_tv  invalid_pos = p(y) - mu(y) > thr,  invalid_neg = p(y) - mu(y) < -thr
+          binary_kl  D = mu(y) log(mu(y) / p(y)) + (1 - mu(y)) log((1 - mu(y)) / (1 - p(y)))
+          topk_*     D over mu's top-k (`kept`) plus one rest bucket: KL(mu || p), or half the L1 distance
+          *_kl, topk_tv  invalid_pos = D > thr and p(y) > mu(y),  invalid_neg = D > thr and p(y) < mu(y)
+    """
+    lp, lq = torch.log_softmax(logits, -1), torch.log_softmax(old_logits, -1)
+    lp_y, lq_y = lp.gather(-1, tokens[..., None])[..., 0], lq.gather(-1, tokens[..., None])[..., 0]
+    with torch.no_grad():
+        p_y, q_y = lp_y.exp(), lq_y.exp()
+        thr = 0.15 if divergence.endswith("tv") else 0.05
+        if divergence == "binary_tv":
+            pos, neg = p_y - q_y > thr, p_y - q_y < -thr
+        else:
+            if divergence == "binary_kl":
+                d = q_y * (lq_y - lp_y) + (1 - q_y) * torch.log((1 - q_y) / (1 - p_y))
+            else:
+                pk, qk = lp.exp() * kept, lq.exp() * kept  # mu's top-k, zero elsewhere
+                p_rest, q_rest = 1 - pk.sum(-1), 1 - qk.sum(-1)
+                if divergence == "topk_kl":
+                    d = torch.where(kept, qk * (lq - lp), 0.0).sum(-1) + q_rest * torch.log(q_rest / p_rest)
+                else:
+                    d = 0.5 * ((pk - qk).abs().sum(-1) + (p_rest - q_rest).abs())
+            pos, neg = (d > thr) & (p_y > q_y), (d > thr) & (p_y < q_y)
+        valid = 1.0 - torch.where(adv[:, None] > 0, pos, neg).double()
+        ratio = torch.exp((lp_y - lq_y).clamp(max=20.0)).clamp(max=cap)
+    per_token = -adv[:, None] * ratio * valid * lp_y
+    return per_token[mask].sum() / mask.sum()
+
+
+@pytest.mark.parametrize("divergence", ["binary_tv", "binary_kl", "topk_tv", "topk_kl"])
+@pytest.mark.parametrize("cap", [2.0, 10.0, 20.0])
+def test_dppo_is_its_authors_formula_in_value_and_gradient(divergence, cap):
+    """troll.losses.dppo on the sparse rest model equals the authors' loss computed densely, in value and in the
+    gradient of every logit, for every divergence and cap; the batch has masked, capped and zero-advantage tokens."""
+    g = torch.Generator().manual_seed(11)
+    b, t, v = 4, 5, 9
+    old_logits = torch.randn(b, t, v, generator=g, dtype=torch.float64) * 1.5
+    logits = (old_logits + 1.2 * torch.randn(b, t, v, generator=g, dtype=torch.float64)).requires_grad_(True)
+    tokens = torch.randint(0, v, (b, t), generator=g)
+    mask = torch.ones(b, t, dtype=torch.bool)
+    mask[1, 3:], mask[2, 4:] = False, False
+    adv = torch.tensor([1.0, -1.5, 0.0, 0.7], dtype=torch.float64)
+    old = sparsify(old_logits.view(-1, v), tokens.view(-1), k=4, delta=1e-3)
+    kept = torch.zeros(b * t, v, dtype=torch.bool)
+    kept.scatter_(1, old.idx.clamp_min(0), old.mask)
+    kept = kept.view(b, t, v)
+
+    loss, metrics = dppo(logits, tokens, mask, adv, old, divergence=divergence, ratio_cap=cap)
+    (grad,) = torch.autograd.grad(loss, logits)
+    want = authors_dppo(logits, old_logits, tokens, mask, adv, kept, divergence, cap)
+    (want_grad,) = torch.autograd.grad(want, logits)
+    torch.testing.assert_close(loss, want, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(grad, want_grad, rtol=1e-10, atol=1e-12)
+    assert 0 < metrics["frac_active"] < 1, "some tokens masked, some not"
+    log_r = (torch.log_softmax(logits, -1) - torch.log_softmax(old_logits, -1)).detach()
+    ratio = log_r.gather(-1, tokens[..., None]).exp()
+    assert float(ratio[mask].max()) > 2.0, "the cap binds at c = 2"
+
+
+def test_dppo_ratio_cap_is_a_setting_and_refuses_below_one():
+    """c truncates the weight of a token whose ratio is above it: r = 1.6 at p(y) = 0.8, q(y) = 0.5 with an allowed
+    move (A < 0 pulls back), so c = 1.25 gives 1.25 and c = 10 gives 1.6; c < 1 or NaN is refused."""
+    for cap, weight in ((1.25, 1.25), (10.0, 1.6), (math.inf, 1.6)):
+        loss, g, _ = grad_of(dppo, *binary(0.8, 0.5, -1.0), ratio_cap=cap)
+        assert loss == pytest.approx(weight * math.log(0.8), abs=1e-12)
+    for bad in (0.5, math.nan, True):
+        with pytest.raises(ValueError, match="ratio_cap"):
+            dppo(*binary(0.8, 0.5, -1.0), ratio_cap=bad)
+
+
+def test_gspo_clip_range_is_the_papers_at_sequence_level():
+    """At level="sequence" ppo_clip's unset range is GSPO's (3e-4, 4e-4), not PPO's 0.2: a sequence ratio of
+    1.01 is clipped (flat, no gradient) under GSPO's range and not under 0.2. Per token the default stays 0.2."""
+    logits, tokens, mask, adv, old = binary(0.505, 0.5, 1.0)  # r = 1.01
+    cases = (({}, True), ({"eps_low": 3e-4, "eps_high": 4e-4}, True), ({"eps_low": 0.2, "eps_high": 0.2}, False))
+    for kw, clipped in cases:
+        loss, m = ppo_clip(logits, tokens, mask, adv, old, level="sequence", **kw)
+        (g,) = torch.autograd.grad(loss, logits)
+        assert m["frac_active"] == (1.0 if clipped else 0.0), kw
+        assert float(loss.detach()) == pytest.approx(-(1.0004 if clipped else 1.01), abs=1e-12), kw
+        assert (g.abs().max() == 0) == clipped, kw
+    loss, m = ppo_clip(logits, tokens, mask, adv, old)  # per token: 0.2, not clipped
+    assert m["frac_active"] == 0.0 and float(loss) == pytest.approx(-1.01, abs=1e-12)
+
+
+def test_the_baselines_defaults_are_their_authors():
+    """Each baseline's default, locked to where it comes from (docs/algorithm.md, section 5):
+    - DPPO's ratio cap c = 10: sail-sg/Stable-RL, compute_policy_loss_with_mask, clip_ratio_c's default (verl's merged
+      dppo_tv / dppo_kl default to 20, which the study sweeps); thresholds 0.15 (TV) and 0.05 (KL): the authors' and
+      verl's DPPO run scripts;
+    - GSPO's clip range (3e-4, 4e-4): the GSPO paper, section 5.1 (and verl's GSPO recipe scripts);
+    - CISPO's eps_high 0.2 (cap 1.2): verl's CISPO example (clip_ratio_high=0.2, clip_ratio_low=10: no lower bound);
+      the MiniMax-M1 paper tunes only this bound and gives no value;
+    - PPO's 0.2 / 0.2.
+    The trainer's config holds the same values (troll.config imports no torch)."""
+    from troll import config, losses
+
+    assert losses.DPPO_RATIO_CAP == 10.0
+    assert losses.DPPO_THRESHOLDS == {"binary_tv": 0.15, "binary_kl": 0.05, "topk_tv": 0.15, "topk_kl": 0.05}
+    assert losses.CLIP_RANGE == {"token": (0.2, 0.2), "sequence": (3e-4, 4e-4)}
+    defaults = {
+        name: {k: v.default for k, v in inspect.signature(fn).parameters.items()} for name, fn in LOSSES.items()
+    }
+    assert defaults["dppo"]["ratio_cap"] == losses.DPPO_RATIO_CAP and defaults["dppo"]["divergence"] == "binary_tv"
+    assert defaults["cispo"]["eps_high"] == 0.2
+    assert (config.DPPO_CAP, config.CLIP_RANGE) == (losses.DPPO_RATIO_CAP, losses.CLIP_RANGE)
+    assert config.Config(loss="dppo").loss_kwargs()["ratio_cap"] == 10.0
+    assert config.Config(loss="cispo").loss_kwargs()["eps_high"] == 0.2
+    gspo = config.Config(loss="ppo_clip", level="sequence").loss_kwargs()
+    assert (gspo["eps_low"], gspo["eps_high"]) == (3e-4, 4e-4)
 
 
 # --- TROLL ----------------------------------------------------------------------------------------------

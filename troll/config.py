@@ -38,6 +38,11 @@ from typing import Any
 
 from troll.metrics import logger_missing
 
+# the baselines' defaults that depend on more than one field; troll.losses holds the same values (a test locks them),
+# and this module imports no torch
+DPPO_CAP = 10.0  # DPPO's ratio cap c: sail-sg/Stable-RL's clip_ratio_c
+CLIP_RANGE = {"token": (0.2, 0.2), "sequence": (3e-4, 4e-4)}  # PPO-clip's (eps_low, eps_high); GSPO per sequence
+
 
 def _bool(s: str) -> bool:
     if s.lower() not in ("1", "0", "true", "false", "yes", "no"):
@@ -106,9 +111,16 @@ class Config:
     support: str = opt(
         "rest", "sparse model: rest (old support + one exact rest atom) | paper (top-K)", ("rest", "paper")
     )
-    clip_low: float = opt(0.2, "PPO-clip: eps_low (0 <= clip_low < 1)")
-    clip_high: float = opt(0.2, "PPO-clip: eps_high (0.28 = Clip-Higher); CISPO's cap is 1 + clip_high")
+    clip_low: float | None = opt(
+        None, "PPO-clip: eps_low (0 <= clip_low < 1); unset: 0.2, or GSPO's 3e-4 with --level sequence"
+    )
+    clip_high: float | None = opt(
+        None,
+        "PPO-clip: eps_high (0.28 = Clip-Higher); unset: 0.2, or GSPO's 4e-4 with --level sequence. CISPO's cap "
+        "is 1 + clip_high (unset: 0.2)",
+    )
     dppo_divergence: str = opt("binary_tv", "DPPO: mask divergence", ("binary_tv", "binary_kl", "topk_tv", "topk_kl"))
+    dppo_cap: float = opt(DPPO_CAP, "DPPO: its stop-gradient ratio truncated at this value (>= 1; the authors' 10)")
     old_policy: str = opt(
         "recompute", "anchor: the model before the update (paper) or the engine's top-K", ("recompute", "behaviour")
     )
@@ -166,6 +178,9 @@ class Config:
     )
 
     def __post_init__(self) -> None:
+        low, high = CLIP_RANGE[self.level] if self.level in CLIP_RANGE else (None, None)
+        self.clip_low = low if self.clip_low is None else self.clip_low  # unset: the level's range, once
+        self.clip_high = high if self.clip_high is None else self.clip_high
         problems = check(self)
         if problems:
             raise ValueError("invalid config: " + "; ".join(problems))
@@ -178,7 +193,9 @@ class Config:
         overrides = {name: value for name, value in vars(args).items() if name != "preset"}  # the flags given
         try:
             cfg = cls(**PRESETS[args.preset or "tiny-cpu"])
-            if overrides.get("resume"):
+            if not overrides.get("resume"):  # made once from preset and flags: an unset clip range follows the level
+                cfg = cls(**(PRESETS[args.preset or "tiny-cpu"] | overrides))
+            else:
                 if args.preset:
                     parser.error("--preset with --resume: a resumed run keeps the settings in its config.json")
                 cfg = cls.resumed(Path(overrides.get("out", cfg.out)))
@@ -187,7 +204,7 @@ class Config:
                          if k not in RESUME_CHANGEABLE and v != getattr(cfg, k)]  # fmt: skip
                 if fixed:
                     parser.error(f"cannot change on resume: {', '.join(fixed)}; start a new run to change them")
-            cfg = dataclasses.replace(cfg, **overrides)
+                cfg = dataclasses.replace(cfg, **overrides)
         except ValueError as e:
             parser.error(str(e))
         if missing := logger_missing(cfg.log_to):  # an optional package: looked up, not imported
@@ -210,11 +227,12 @@ class Config:
             "GSM8K GPU recipe (gsm8k-qwen2.5-0.5b, gsm8k-qwen3-0.6b; with LoRA: gsm8k-qwen3-1.7b-lora on 24 GB, "
             "gsm8k-qwen3-8b-lora and gsm8k-llama3.1-8b-lora on 80 GB); default: tiny-cpu",
         )
-        types = typing.get_type_hints(cls)
+        types = field_types(cls)
         for f in fields(cls):
             if types[f.name] not in PARSERS:
                 raise TypeError(f"config field {f.name}: unsupported type {types[f.name]} (bool, int, float, str)")
-            default = str(f.default).lower() if isinstance(f.default, bool) else f.default
+            default = "unset" if f.default is None else f.default
+            default = str(default).lower() if isinstance(default, bool) else default
             text = f.metadata.get("help", "").replace("%", "%%")  # argparse formats help with %
             parser.add_argument(
                 f"--{f.name}",
@@ -232,7 +250,7 @@ class Config:
         own = {
             "troll": {"eps": self.eps, "alpha": self.alpha, "level": self.level},
             "ppo_clip": {"eps_low": self.clip_low, "eps_high": self.clip_high, "level": self.level},
-            "dppo": {"divergence": self.dppo_divergence},
+            "dppo": {"divergence": self.dppo_divergence, "ratio_cap": self.dppo_cap},
             "cispo": {"eps_high": self.clip_high},
         }
         truncation = {"is_cap": self.is_cap} if self.is_correction == "tis" else {}
@@ -254,7 +272,7 @@ class Config:
         if not isinstance(data, dict):
             raise ValueError(f"{path}: expected a JSON object of config fields, got {type(data).__name__}")
         defaults = {f.name: f.default for f in fields(cls)}
-        data = ADDED | data  # a config saved before a field in ADDED existed ran with its value
+        data = with_added(data)  # a config saved before a field in ADDED existed ran with its value
         unknown, missing = sorted(set(data) - set(defaults)), sorted(set(defaults) - set(data))
         if unknown:
             raise ValueError(f"{path}: unknown config fields {unknown}")
@@ -293,7 +311,7 @@ class Config:
                 f"start the run without --resume, or choose another --out"
             )
         ckpt, fields = found
-        cfg = cls(**(ADDED | fields), out=str(out), resume=True)
+        cfg = cls(**with_added(fields), out=str(out), resume=True)
         if path.exists():
             os.replace(path, path.with_name("config.json.damaged"))
         cfg.save(path)
@@ -302,16 +320,33 @@ class Config:
         return cfg
 
 
+def field_types(cls: type) -> dict[str, type]:
+    """Each field's type; an optional field (`float | None`: unset until the config is made) its value's type."""
+    types = {}
+    for name, tp in typing.get_type_hints(cls).items():
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        types[name] = args[0] if len(args) == 1 and type(None) in typing.get_args(tp) else tp
+    return types
+
+
 NOT_SETTINGS = ("out", "resume")  # where and how a run is started, not what it is
 # Fields added after runs were recorded, with the value that reproduces what every run before them did: a saved
 # config or results row without one ran with that value (`settings`, `Config.load`).
-ADDED = {"vocab_size": 0, "lora_rank": 0, "lora_alpha": 32.0, "lora_targets": "all-linear"}
+# dppo_cap acts only in DPPO, which ran at 2 before the setting existed; a run of another loss reproduces under any
+# cap, so it takes today's default and compares equal to the same run made now (`with_added`).
+ADDED = {"vocab_size": 0, "lora_rank": 0, "lora_alpha": 32.0, "lora_targets": "all-linear", "dppo_cap": 2.0}
+
+
+def with_added(fields: dict[str, Any]) -> dict[str, Any]:
+    """`fields` (a saved config or results row's) with each field of ADDED it lacks at the value it ran with."""
+    added = ADDED if fields.get("loss") == "dppo" else ADDED | {"dppo_cap": DPPO_CAP}
+    return added | fields
 
 
 def settings(fields: dict[str, Any]) -> dict[str, Any]:
     """A config's fields (a dict, e.g. a saved config.json) less where and how the run was started: what it is;
     a field in ADDED that it lacks has the value it ran with."""
-    return {k: v for k, v in (ADDED | fields).items() if k not in NOT_SETTINGS}
+    return {k: v for k, v in with_added(fields).items() if k not in NOT_SETTINGS}
 
 
 # What may differ when a run is resumed (troll.harness applies and records it); every other field is the run's.
@@ -331,7 +366,7 @@ def _fits(value: Any, tp: type) -> bool:
 def check(cfg: Config) -> list[str]:
     """Every problem with `cfg`: a value of the wrong type, outside its choices or range, or a combination that
     cannot run."""
-    types = typing.get_type_hints(type(cfg))
+    types = field_types(type(cfg))
     wrong = [
         f"{f.name} must be {types[f.name].__name__}, got {type(v).__name__} {v!r}"
         for f in fields(cfg)
@@ -357,6 +392,7 @@ def check(cfg: Config) -> list[str]:
     need(0 <= cfg.clip_low < 1, f"clip_low must be in [0, 1), got {cfg.clip_low}")
     need(0 <= cfg.sft_target <= 1, f"sft_target must be in [0, 1], got {cfg.sft_target}")
     need(1 <= cfg.is_cap < math.inf, f"is_cap must be >= 1 and finite, got {cfg.is_cap}")
+    need(1 <= cfg.dppo_cap < math.inf, f"dppo_cap must be >= 1 and finite, got {cfg.dppo_cap}")
     need(0 < cfg.vllm_gpu_memory <= 1, f"vllm_gpu_memory must be in (0, 1], got {cfg.vllm_gpu_memory}")
     zero_ok = "micro_batch_tokens logits_chunk warmup_steps sft_steps eval_size samples_to_log kl_update_vocab seed"
     zero_ok += " staleness vocab_size lora_rank"

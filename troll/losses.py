@@ -24,14 +24,16 @@ own support under "paper"; under "rest" p is gathered at q's support and needs n
     troll_loss  L = agg(-A * exp(log pi*(y) - log q(y))) + alpha * agg(KL(p || sg(pi*)))   no clipping;
               pi* = the KL projection of p onto {KL(. || q) <= eps} on the sparse support (project.py)
     ppo_clip  L = agg(-min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)),  r = p(y) / q(y) exact over V
-              (default 0.2 / 0.2; eps_high = 0.28 is Clip-Higher)
-    dppo      L = agg(-A * sg(min(r, c)) * M * log p(y)), c = 2; M = 0 only where the update moves further out:
-              A > 0, D > thr, p(y) > q(y)   or   A < 0, D > thr, p(y) < q(y).  D is one of
-              binary_tv |p(y) - q(y)| (thr 0.15), binary_kl KL(Bern p(y) || Bern q(y)) (thr 0.05),
-              topk_tv / topk_kl on the atoms of the support (rest model: q's kept set plus one "rest"
-              bucket, DPPO's definition) (thr 0.15 / 0.05)
+              (default 0.2 / 0.2; eps_high = 0.28 is Clip-Higher; under level="sequence" GSPO's 3e-4 / 4e-4)
+    dppo      L = agg(-A * sg(min(r, c)) * M * log p(y)), c = ratio_cap (10); M = 0 only where the update moves
+              further out: A > 0, D > thr, p(y) > q(y)   or   A < 0, D > thr, p(y) < q(y).  D is one of
+              binary_tv |p(y) - q(y)| (thr 0.15), binary_kl KL(Bern q(y) || Bern p(y)) (thr 0.05),
+              topk_tv / topk_kl (KL(q || p)) on the atoms of the support (rest model: q's kept set plus one
+              "rest" bucket, DPPO's definition) (thr 0.15 / 0.05)
     cispo     L = agg(-A * sg(min(r, 1 + eps_high)) * log p(y))   (no mask: the no-trust-region control;
-              eps_high 0.2 by default, as ppo_clip and the trainer's --clip_high; 0.28 is Clip-Higher's)
+              eps_high 0.2 by default, as verl ships it and the trainer's --clip_high; the paper tunes only it)
+
+Each baseline's defaults are its authors' (docs/algorithm.md, section 5, names the code or paper of each).
 
 `level="sequence"` (troll and ppo_clip) is GSPO: per-token log-ratios are averaged over each response,
 s_i = exp(mean_t log r_t), and used in GSPO's straight-through token form s_it = sg(s_i) * r_t / sg(r_t)
@@ -99,7 +101,10 @@ AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 LEVELS = ("token", "sequence")
 IS_MODES = ("truncate", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 DPPO_THRESHOLDS = {"binary_tv": 0.15, "binary_kl": 0.05, "topk_tv": 0.15, "topk_kl": 0.05}
-DPPO_RATIO_CAP = 2.0  # DPPO truncates the importance ratio at c = 2
+# DPPO's divergence thresholds and ratio cap c as its authors ship them (sail-sg/Stable-RL: clip_ratio_c = 10)
+DPPO_RATIO_CAP = 10.0
+# PPO-clip's (eps_low, eps_high) by level: PPO's 0.2 per token; GSPO's paper (section 5.1) per sequence
+CLIP_RANGE = {"token": (0.2, 0.2), "sequence": (3e-4, 4e-4)}
 LossOut = tuple[Tensor, dict[str, float]]
 
 
@@ -332,8 +337,8 @@ def ppo_clip(
     adv: Tensor,
     old: SparseDist,
     *,
-    eps_low: float = 0.2,
-    eps_high: float = 0.2,
+    eps_low: float | None = None,
+    eps_high: float | None = None,
     support: str = "rest",
     k: int = 64,
     delta: float = 1e-5,
@@ -345,8 +350,11 @@ def ppo_clip(
     is_mode: str = "truncate",
     is_floor: float = 0.0,
 ) -> LossOut:
-    """PPO's clipped surrogate; eps_high = 0.28 gives Clip-Higher. With behaviour_logp: w times it (module
-    docstring)."""
+    """PPO's clipped surrogate; eps_high = 0.28 gives Clip-Higher. A range left None is CLIP_RANGE[level]'s: 0.2
+    per token, GSPO's 3e-4 / 4e-4 per sequence. With behaviour_logp: w times it (module docstring)."""
+    default_low, default_high = CLIP_RANGE.get(level, CLIP_RANGE["token"])
+    eps_low = default_low if eps_low is None else eps_low
+    eps_high = default_high if eps_high is None else eps_high
     s = _support(
         logits, tokens, mask, adv, old, support, k, delta, agg, level, behaviour_logp, is_cap, is_mode, is_floor
     )
@@ -371,16 +379,17 @@ def _bernoulli_kl(p: Tensor, q: Tensor) -> Tensor:
 
 
 def dppo_divergence(name: str, s: Support) -> Tensor:
-    """DPPO's divergence D [N] between p and the behaviour policy q on a support (no gradient)."""
+    """DPPO's divergence D [N] of the current policy p from the behaviour policy q on a support (no gradient); the
+    KL ones run from q to p, as the authors compute them."""
     with torch.no_grad():
         if name == "binary_tv":
             return (s.lp_y.exp() - s.lq_y.exp()).abs()
         if name == "binary_kl":
-            return _bernoulli_kl(s.lp_y.exp(), s.lq_y.exp())
+            return _bernoulli_kl(s.lq_y.exp(), s.lp_y.exp())
         if name == "topk_tv":
             return 0.5 * torch.where(s.mask, s.lp.exp() - s.lq.exp(), 0.0).abs().sum(-1)
         if name == "topk_kl":
-            return support_kl(s)
+            return atom_kl(s.lq, s.lp, s.mask)
     raise ValueError(f"unknown DPPO divergence {name!r}; choose from {sorted(DPPO_THRESHOLDS)}")
 
 
@@ -392,6 +401,7 @@ def dppo(
     old: SparseDist,
     *,
     divergence: str = "binary_tv",
+    ratio_cap: float = DPPO_RATIO_CAP,
     support: str = "rest",
     k: int = 64,
     delta: float = 1e-5,
@@ -405,9 +415,12 @@ def dppo(
     """DPPO: truncated-IS policy gradient with a one-sided divergence mask (old = the behaviour policy, or the
     recomputed one with behaviour_logp's weight w, module docstring).
 
-    The mask's threshold is DPPO_THRESHOLDS[divergence] and the ratio is truncated at DPPO_RATIO_CAP = 2."""
+    The mask's threshold is DPPO_THRESHOLDS[divergence]; the stop-gradient ratio is truncated at ratio_cap >= 1
+    (math.inf: not truncated)."""
     if divergence not in DPPO_THRESHOLDS:
         raise ValueError(f"unknown DPPO divergence {divergence!r}; choose from {sorted(DPPO_THRESHOLDS)}")
+    if isinstance(ratio_cap, bool) or not isinstance(ratio_cap, (int, float)) or not ratio_cap >= 1:
+        raise ValueError(f"ratio_cap must be a number >= 1 (math.inf: no truncation), got {ratio_cap!r}")
     s = _support(
         logits, tokens, mask, adv, old, support, k, delta, agg, "token", behaviour_logp, is_cap, is_mode, is_floor
     )
@@ -421,7 +434,7 @@ def dppo(
         out_up = (a > 0) & (d > thr) & (ratio > 1)
         out_down = (a < 0) & (d > thr) & (ratio < 1)
         keep = (~(out_up | out_down)).to(logp_y.dtype)
-    policy = aggregate(_weigh(-a * ratio.detach().clamp_max(DPPO_RATIO_CAP) * keep * logp_y, w), mask, agg, norm_len)
+    policy = aggregate(_weigh(-a * ratio.detach().clamp_max(ratio_cap) * keep * logp_y, w), mask, agg, norm_len)
     metrics = _shared_metrics(s, mask, adv)
     metrics |= {"policy": float(policy.detach()), "regression": 0.0, "frac_active": float(aggregate(1 - keep, mask))}
     return policy, metrics | _masked_stats(ratio, mask, "ratio") | is_metrics
