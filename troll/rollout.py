@@ -105,7 +105,8 @@ class Rollouts:
 class Batch:
     """One RL step's data, made when it is sampled (troll.train.collect): the rollouts, their rewards [B] and
     advantages [B], the random state that goes on to shuffle its minibatches, and what making it cost. Batches
-    sampled ahead (--staleness) are saved in checkpoints, so the class lives here, in an importable module."""
+    sampled ahead (--staleness) are saved in checkpoints, so the class lives here, in an importable module; one
+    pickled with a field since removed (`behaviour`, now troll.diagnostics.behaviour_rate) loads with it unread."""
 
     ro: Rollouts
     rewards: Tensor
@@ -113,7 +114,6 @@ class Batch:
     rng_state: Tensor
     time_generate: float
     time_score: float
-    behaviour: float = float("nan")  # share of the samples that show the task's watched behaviour (Task.behaviour)
 
 
 class Generator(Protocol):
