@@ -246,3 +246,16 @@ def test_batches_sampled_ahead_resume_from_any_entry_point(tmp_path):
     assert len(state["pending"]) == 1 and isinstance(state["pending"][0], Batch)
     train(dataclasses.replace(Config.load(out / "config.json"), steps=2, resume=True))
     assert [m["step"] for m in rows(out)] == [1, 2]
+
+
+def test_a_pending_batch_saved_with_a_field_since_removed_loads(tmp_path):
+    """Checkpoints written before Batch lost its `behaviour` field (the rare task's share of marked samples, now
+    computed by troll.diagnostics) hold it in every pending batch: torch.load still gives a Batch, field set aside."""
+    from troll.rollout import Batch
+
+    batch = Batch(None, torch.ones(4), torch.zeros(4), torch.Generator().manual_seed(3).get_state(), 1.5, 0.5)
+    batch.behaviour = 0.25  # what such a checkpoint pickled: the fields of then
+    torch.save({"pending": [batch]}, tmp_path / "trainer.pt")
+    (loaded,) = torch.load(tmp_path / "trainer.pt", weights_only=False)["pending"]
+    assert isinstance(loaded, Batch) and torch.equal(loaded.rewards, batch.rewards)
+    assert torch.equal(loaded.rng_state, batch.rng_state) and (loaded.time_generate, loaded.time_score) == (1.5, 0.5)

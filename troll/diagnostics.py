@@ -1,5 +1,8 @@
-"""Measurements of a run, outside the algorithm: the sampler's mismatch, memory, and (opt-in) the exact update KL.
+"""Measurements of a run, outside the algorithm: the step's metrics row and phase times, the sampler's mismatch,
+memory, and (opt-in) the exact update KL.
 
+    timer = StepTimer()                   # troll.train.rl_step: with timer("update"): ... -> timer.seconds["update"]
+    row = step_row(step, batch, fresh, trainer, metrics, skipped, lr, timer, device, task, tokenizer)
     mismatch(ro, old)                     # every step: sampler mu vs the network before the update, at y
     mismatch_at(old_logp, mu_logp, mask)  # the same from the two log-probs [B, T] (troll.integrations.trl)
     peak_memory_mb(device)
@@ -25,6 +28,9 @@ from __future__ import annotations
 import math
 import re
 import resource
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +39,80 @@ from torch import Tensor
 
 from troll.head import LMHead
 from troll.policy import rollout_logits
-from troll.rollout import Rollouts
+from troll.rollout import Batch, Rollouts
 from troll.sparse import SparseDist
+from troll.task import Task, decode_rollouts
+
+
+class StepTimer:
+    """Wall-clock seconds of an RL step's phases: `with timer("update"): ...` adds the block's time to
+    `timer.seconds["update"]`; `timer.elapsed` runs from the timer's making to the end of the last phase."""
+
+    def __init__(self) -> None:
+        self.start = self.end = time.time()
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        t = time.time()
+        yield
+        self.end = time.time()
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + self.end - t
+
+    @property
+    def elapsed(self) -> float:
+        return self.end - self.start
+
+
+def step_row(
+    step: int,
+    batch: Batch,
+    fresh: Sequence[Batch],
+    trainer: SparseDist,
+    update: dict[str, float],
+    skipped: int,
+    lr: float,
+    timer: StepTimer,
+    device: torch.device,
+    task: Task,
+    tokenizer: Any,
+) -> dict:
+    """The metrics row of RL step `step` (0-based; the row counts from 1), which trained on `batch` after sampling
+    the batches `fresh`: the batch's rewards and lengths, the learning rate after the step and its skipped optimiser
+    steps, the share of fresh samples that show the task's watched behaviour (tasks that name one), the sampler's
+    mismatch to `trainer` (the network's own old-policy pass), the update's metrics, and what the step cost."""
+    ro, rewards = batch.ro, batch.rewards
+    lengths = ro.completion_mask.sum(-1).float()
+    return {
+        "step": step + 1,
+        "reward": float(rewards.mean()),
+        "accuracy": float((rewards > 0.5).float().mean()),
+        "response_len_mean": float(lengths.mean()),
+        "response_len_max": float(lengths.max()),
+        "truncated_frac": float((~ro.finished).float().mean()),
+        "lr": lr,
+        "skipped": skipped,
+        **({"behaviour_rate": behaviour_rate(task, tokenizer, fresh)} if task.behaviour and fresh else {}),
+        **mismatch(ro, trainer),
+        **update,
+        "time_generate": sum(b.time_generate for b in fresh),
+        "time_score": sum(b.time_score for b in fresh),
+        "time_old_policy": timer.seconds["old_policy"],
+        "time_update": timer.seconds["update"],
+        "time_kl_update": timer.seconds["kl_update"],
+        "time_sync": timer.seconds["sync"],
+        "tokens_per_s": float(lengths.sum()) / timer.elapsed,
+        "peak_memory_mb": peak_memory_mb(device),
+    }
+
+
+def behaviour_rate(task: Task, tokenizer: Any, batches: Sequence[Batch]) -> float:
+    """The share of samples that show `task.behaviour` (the rare task's marker), per batch, averaged over batches."""
+    shares = []
+    for b in batches:
+        texts = decode_rollouts(tokenizer, b.ro)
+        shares.append(sum(map(task.behaviour, texts)) / len(texts))
+    return sum(shares) / len(shares)
 
 
 def dense_kl(lp: Tensor, lq: Tensor) -> Tensor:

@@ -25,7 +25,7 @@ Choices:
   from a real position; callers use the rollouts' completion_mask on the outputs.
 - `mask_padded_vocab` sets ids >= len(tokenizer) to -inf: Qwen's output layer has rows past the tokenizer
   (151,936 rows, 151,665 tokens) that must never carry probability. A tokenizer larger than the output layer is
-  a ValueError (`check_vocab`).
+  a ValueError (`check_vocab`). Both live in troll.padding, with `left_pad`, as the samplers use them too.
 - `chunk_rows` > 0 returns the same distribution as a `head.LMHead`: the last hidden states [B, T, H] and the
   output layer, applied in chunks of that many rows by the losses (each chunk's logits recomputed in backward),
   so no [B, T, V] tensor exists for the micro-batch. The LM head must be a plain linear layer on the decoder's
@@ -45,6 +45,7 @@ from torch import Tensor
 
 from troll import lora
 from troll.head import LMHead, Logits
+from troll.padding import left_pad, mask_padded_vocab
 
 if TYPE_CHECKING:
     from troll.config import Config
@@ -94,33 +95,6 @@ def adapt(cfg: Config, model: Any) -> Any:
     if not cfg.lora_rank:
         return model
     return lora.add_adapters(model.to(base_dtype(cfg)), cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)
-
-
-def mask_padded_vocab(logits: Tensor, vocab_size: int) -> Tensor:
-    """Set ids >= vocab_size (the output layer's padding past the tokenizer) to -inf. [..., V] -> same."""
-    if logits.shape[-1] == vocab_size:
-        return logits
-    return logits.masked_fill(torch.arange(logits.shape[-1], device=logits.device) >= vocab_size, -torch.inf)
-
-
-def check_vocab(tokenizer_size: int, model_vocab: int) -> None:
-    """A tokenizer may be smaller than the output layer (padding, masked) but never larger."""
-    if tokenizer_size > model_vocab:
-        raise ValueError(
-            f"tokenizer has {tokenizer_size} tokens but the model's output layer only {model_vocab}: "
-            "ids past the output layer could never be scored"
-        )
-
-
-def left_pad(prompt_ids: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[Tensor, Tensor]:
-    """Left-padded prompts: ([B, P] ids, [B, P] bool attention mask), P = the longest prompt."""
-    P = max(len(p) for p in prompt_ids)
-    ids = torch.full((len(prompt_ids), P), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(prompt_ids), P), dtype=torch.bool)
-    for b, p in enumerate(prompt_ids):
-        ids[b, P - len(p) :] = torch.as_tensor(p, dtype=torch.long)
-        attn[b, P - len(p) :] = True
-    return ids, attn
 
 
 def pack(prompt_ids: Sequence[Sequence[int]], completion_ids: Tensor, pad_id: int = 0) -> tuple[Tensor, Tensor]:

@@ -32,7 +32,7 @@ quantity with `policy.completion_logits` (then `log_softmax`):
     log pi(. | context) = log_softmax(mask(logits) / temperature)
 
 - No top-p / top-k / min-p truncation, no penalties; temperature > 0 (sampling; `greedy` is its own call).
-- `mask` sets ids >= len(tokenizer) to -inf (`policy.mask_padded_vocab`); every code path (HF sampling and
+- `mask` sets ids >= len(tokenizer) to -inf (`padding.mask_padded_vocab`); every code path (HF sampling and
   greedy, vLLM sampling and greedy, the scoring forward) applies it.
 - The model's own generation config (Qwen ships top_k=20, top_p=0.8, repetition_penalty...) is ignored:
   HF `generate` runs with `model.generation_config` swapped for a fresh `GenerationConfig()` for the call,
@@ -58,7 +58,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
-from troll.policy import check_vocab, left_pad, mask_padded_vocab
+from troll.padding import check_vocab, left_pad, mask_padded_vocab
 
 
 @dataclass
@@ -105,7 +105,8 @@ class Rollouts:
 class Batch:
     """One RL step's data, made when it is sampled (troll.train.collect): the rollouts, their rewards [B] and
     advantages [B], the random state that goes on to shuffle its minibatches, and what making it cost. Batches
-    sampled ahead (--staleness) are saved in checkpoints, so the class lives here, in an importable module."""
+    sampled ahead (--staleness) are saved in checkpoints, so the class lives here, in an importable module; one
+    pickled with a field since removed (`behaviour`, now troll.diagnostics.behaviour_rate) loads with it unread."""
 
     ro: Rollouts
     rewards: Tensor
@@ -113,7 +114,6 @@ class Batch:
     rng_state: Tensor
     time_generate: float
     time_score: float
-    behaviour: float = float("nan")  # share of the samples that show the task's watched behaviour (Task.behaviour)
 
 
 class Generator(Protocol):

@@ -3,6 +3,7 @@
     task, dropped = load_task(cfg, tokenizer)      # Task(train, test, prompt, reward); rows dropped per split
     ids = encode(tokenizer, [task.prompt(r["question"]) for r in rows])
     texts = decode(tokenizer, completion_ids)      # special tokens (EOS, padding) removed
+    texts = decode_rollouts(tokenizer, ro)         # the same for sampled troll.rollout.Rollouts, one per sample
     acc, records = evaluate(generator, tokenizer, task, max_new_tokens)   # greedy pass@1 on task.test
 
 Rows are dicts {question, answer (reference solution), gold (the final answer)}. Three tasks: `addition`
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from troll import addition, gsm8k
 
 if TYPE_CHECKING:
-    from troll.rollout import Generator
+    from troll.rollout import Generator, Rollouts
 
 
 @dataclass
@@ -41,6 +42,12 @@ def encode(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
 def decode(tokenizer: Any, seqs: Sequence[Sequence[int]]) -> list[str]:
     """Completion texts of token id sequences, special tokens (EOS, padding) removed."""
     return tokenizer.batch_decode([list(ids) for ids in seqs], skip_special_tokens=True)
+
+
+def decode_rollouts(tokenizer: Any, ro: Rollouts) -> list[str]:
+    """The completion texts of rollouts `ro`: each sample's real tokens (they come first in its row) decoded."""
+    lengths = ro.completion_mask.sum(-1).tolist()
+    return decode(tokenizer, [ids[:n] for ids, n in zip(ro.completion_ids.tolist(), lengths, strict=True)])
 
 
 def score(

