@@ -93,7 +93,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from troll.dual import check_eps
+from troll.project import check_eps
 from troll.project import project_sparse
 from troll.sparse import SUPPORTS, SparseDist, Support, atom_kl, build_support, check_k_delta, support_kl
 
