@@ -1,5 +1,5 @@
-"""Off-policy data in the losses: the decoupled objective's weight w = sg(min(q(y) / mu(y), is_cap)), and its other
-modes (is_mode: TRL's token / sequence, truncate / mask).
+"""Off-policy data in the losses: the decoupled objective's weight w = sg(min(q(y) / mu(y), is_cap)), and TRL's modes
+(troll.integrations.is_weights: token / sequence, truncate / mask), handed to the losses as is_weight.
 
 Expected numbers are derived by hand from docs/algorithm.md (section 10) or computed in float64 from dense
 log-softmaxes written out here, never read back from troll.losses."""
@@ -10,6 +10,7 @@ import pytest
 import torch
 from scipy.optimize import brentq
 
+from troll.integrations.is_weights import trl_is_weight
 from troll.losses import LOSSES, cispo, dppo, ppo_clip, troll_loss
 from troll.sparse import sparsify
 
@@ -116,14 +117,17 @@ HAND = [  # (mode, level, w per token, share of real tokens outside [0.6, 2])
 @pytest.mark.parametrize("fn", [troll_loss, ppo_clip])
 @pytest.mark.parametrize(("mode", "level", "w", "frac"), HAND)
 def test_weight_modes_by_hand(fn, mode, level, w, frac):
+    """TRL's mode gives the weight (trl_is_weight, from log q(y) - log mu(y)) and its metrics; the loss weighs by it."""
     logits = torch.full((3, 2, 2), math.log(0.5), dtype=torch.float64, requires_grad=True)
     tokens = torch.zeros(3, 2, dtype=torch.long)
     mask = torch.tensor([[True, True], [True, True], [True, False]])
     old = sparsify(torch.full((6, 2), math.log(0.5), dtype=torch.float64), tokens.view(-1), k=2, delta=0.0)
     lmu = (0.5 / torch.tensor(RHO, dtype=torch.float64)).log()  # mu(y) = q(y) / rho
     adv = torch.tensor(ADV, dtype=torch.float64)
-    kw = {"level": level, "behaviour_logp": lmu, "is_mode": mode, "is_cap": 2.0, "is_floor": 0.6}
-    loss, g, m = value_and_grad(fn, (logits, tokens, mask, adv, old), **kw)
+    lq_y = old.logp_at(tokens.view(-1)).view(tokens.shape)
+    weight, m = trl_is_weight(lq_y - lmu, mask, is_mode=mode, is_cap=2.0, is_floor=0.6, level=level)
+    loss, g, m_loss = value_and_grad(fn, (logits, tokens, mask, adv, old), level=level, is_weight=weight)
+    assert not any(key.startswith("is_") for key in m_loss)  # a handed-in weight's metrics are its maker's
     w = torch.tensor(w, dtype=torch.float64)
     assert loss == pytest.approx(float(-(w * adv[:, None]).sum() / 5), abs=1e-12)
     grad = -(w * adv[:, None])[..., None] * torch.tensor([0.5, -0.5], dtype=torch.float64) / 5
@@ -133,15 +137,47 @@ def test_weight_modes_by_hand(fn, mode, level, w, frac):
     assert m["is_weight_mean"] == pytest.approx(float(w[mask].mean()), abs=1e-12)
 
 
+@pytest.mark.parametrize(
+    ("name", "level"), [(name, "token") for name in sorted(LOSSES)] + [("troll", "sequence"), ("ppo_clip", "sequence")]
+)
+def test_trl_truncate_is_the_losses_own_weight_bit_for_bit(name, level):
+    """TRL's "truncate" without a floor is the plain loop's capped weight: handed in as is_weight it gives the loss,
+    gradient and metrics of behaviour_logp with is_cap, bit for bit."""
+    logits, tokens, mask, adv, old, _, lmu = batch(seed=3)
+    kw = {"level": level} if name in ("troll", "ppo_clip") else {}
+    own, m_own = LOSSES[name](logits, tokens, mask, adv, old, behaviour_logp=lmu, is_cap=1.5, **kw)
+    lq_y = old.logp_at(tokens.view(-1)).view(tokens.shape)
+    weight, m_weight = trl_is_weight(lq_y - lmu, mask, is_cap=1.5, level=level)
+    given, m_given = LOSSES[name](logits, tokens, mask, adv, old, is_weight=weight, **kw)
+    assert torch.equal(own, given) and m_own == m_given | m_weight and 0 < m_weight["is_frac_truncated"] < 1
+    (g_own,) = torch.autograd.grad(own, logits)
+    (g_given,) = torch.autograd.grad(given, logits)
+    assert torch.equal(g_own, g_given)
+
+
 def test_bad_weight_modes_are_refused():
+    """TRL's modes: an unknown mode, a floor outside [0, 1], a cap below 1 are refused by trl_is_weight; a loss
+    refuses a handed-in weight that is no [B, T] float tensor, not finite or negative on a real token, or that
+    comes with behaviour_logp or is_cap (each of which shapes a weight of the loss's own)."""
     logits, tokens, mask, adv, old, _, lmu = batch()
+    log_rho = old.logp_at(tokens.view(-1)).view(tokens.shape) - lmu
     with pytest.raises(ValueError, match="unknown is_mode"):
-        troll_loss(logits, tokens, mask, adv, old, behaviour_logp=lmu, is_mode="per_token")
+        trl_is_weight(log_rho, mask, is_mode="per_token")
     for floor in (-0.1, 1.5, math.nan, True):
         with pytest.raises(ValueError, match="is_floor"):
-            troll_loss(logits, tokens, mask, adv, old, behaviour_logp=lmu, is_floor=floor)
+            trl_is_weight(log_rho, mask, is_floor=floor)
+    for cap in (0.5, math.nan, True):
+        with pytest.raises(ValueError, match="is_cap"):
+            trl_is_weight(log_rho, mask, is_cap=cap)
+    weight, _ = trl_is_weight(log_rho, mask, is_mode="token_mask", is_cap=2.0)
     with pytest.raises(ValueError, match="needs behaviour_logp"):
-        troll_loss(logits, tokens, mask, adv, old, is_mode="token_mask")
+        troll_loss(logits, tokens, mask, adv, old, is_weight=weight, is_cap=2.0)
+    with pytest.raises(ValueError, match="pass one of them"):
+        troll_loss(logits, tokens, mask, adv, old, is_weight=weight, behaviour_logp=lmu)
+    for bad, match in ((weight[:, :2], "is_weight must have the shape"), (weight > 0, "is_weight must be a float"),
+                       (-weight, "is_weight is negative"), (weight * math.nan, "is_weight contains NaN")):  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            troll_loss(logits, tokens, mask, adv, old, is_weight=bad)
 
 
 # --- batches against a float64 dense reference ----------------------------------------------------------

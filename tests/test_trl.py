@@ -4,7 +4,7 @@ The loss test is the contract: on one generated batch, with the model moved away
 `TROLLGRPOTrainer.compute_loss` equals `troll.losses.troll_loss` computed here from the same completions
 (`completion_logits` on unpadded prompts, q from a copy of the generating weights), in value and in gradient, for
 every supported loss type and GSPO's sequence level; and with the sampler's log-probs, for the decoupled correction
-in each of its modes, with `behaviour_logp` = those log-probs.
+in each of its modes, with the weight from those log-probs (`behaviour_logp`, or TRL's mode's `is_weight`).
 
 The sampler's log-probs enter at TRL's own seam: `GRPOTrainer._generate_single_turn` returns (completion ids,
 log-probs), which its vLLM branch fills from the engine and its transformers branch leaves None; TRL pads them
@@ -32,6 +32,7 @@ from datasets import Dataset
 
 from troll import addition
 from troll.diagnostics import mismatch_at
+from troll.integrations.is_weights import trl_is_weight
 from troll.integrations.trl import TRL_VERSIONS, TROLLConfig, TROLLGRPOTrainer, check_trl_version
 from troll.losses import troll_loss
 from troll.policy import completion_logits
@@ -143,7 +144,9 @@ def check_contract(
     """Generate one batch of 2 prompts x 4, move the trained weights (by N(0, move^2) each; a LoRA model's trained
     weights are its adapters), and assert that the trainer's compute_loss equals troll_loss at the trainer's
     troll_eps (test_loss_equals_troll_loss), the correction's reference built from sampler(batch) -> log mu(y)
-    [B, T] (NaN: unscored). Returns the mismatch metrics the reference expects (empty without a sampler)."""
+    [B, T] (NaN: unscored): troll_loss's own behaviour_logp and is_cap for "truncate" without a floor, else TRL's
+    mode's weight (trl_is_weight) as is_weight. Returns the mismatch metrics the reference expects (empty without a
+    sampler)."""
     model = trainer.model
     trained = [p for p in model.parameters() if p.requires_grad]
     model.train()
@@ -162,14 +165,18 @@ def check_contract(
     model.zero_grad()
 
     old = sparsify(q_logits.flatten(0, 1), comp.flatten(), k=64, delta=1e-5)
-    correction, expected = {}, {}
+    correction, expected, weight_metrics = {}, {}, {}
     if sampler is not None:
         lq_y = torch.log_softmax(q_logits, -1).gather(-1, comp[..., None])[..., 0]
         mu = sampler(batch)
         scored = ~torch.isnan(mu)
-        correction = dict(
-            behaviour_logp=torch.where(scored, mu, lq_y), is_mode=mode, is_cap=cap, is_floor=clip_min or 0.0
-        )
+        behaviour = torch.where(scored, mu, lq_y)
+        if mode == "truncate" and not clip_min:  # the plain loop's correction, inside troll_loss
+            correction = dict(behaviour_logp=behaviour, is_cap=cap)
+        else:  # TRL's mode, from the loss's q(y)
+            old_y = old.logp_at(comp.flatten()).view(comp.shape)
+            weight, weight_metrics = trl_is_weight(old_y - behaviour, mask, mode, cap, clip_min or 0.0, level)
+            correction = dict(is_weight=weight)
         expected = mismatch_at(lq_y, mu, mask & scored)
     want, metrics = troll_loss(
         completion_logits(model, unpadded, comp, 0.7, V),
@@ -184,6 +191,7 @@ def check_contract(
         support=support,
         **correction,
     )
+    metrics |= weight_metrics
     assert batch["num_items_in_batch"] == mask.sum()  # so TRL's dapo normaliser is troll's token mean here
     want.backward()
 
@@ -220,8 +228,8 @@ def test_loss_equals_troll_loss(tokenizer, tmp_path, loss_type, level, agg, supp
     """TRL's compute_loss on a generated batch equals troll_loss on full logits (the reference: q from the
     unpadded prompts before a weight perturbation), in value and every gradient; chunk > 0: TRL's side runs the
     chunked output layer, old-policy pass included. With `mode`, the sampler reports log-probs that differ from
-    q (inject_sampler) and the reference is troll_loss with behaviour_logp = them (log q(y) where the sampler gave
-    None) in that mode, with floor clip_min and cap; the mismatch metrics are logged as mismatch_at computes them."""
+    q (inject_sampler) and the reference is troll_loss weighted from them (log q(y) where the sampler gave None) in
+    that mode, with floor clip_min and cap; the mismatch metrics are logged as mismatch_at computes them."""
     settings = {"vllm_importance_sampling_mode": mode, "vllm_importance_sampling_clip_min": clip_min} if mode else {}
     settings |= {"vllm_importance_sampling_clip_max": cap} if mode else {}
     trainer = make_trainer(

@@ -107,12 +107,6 @@ def kl_along_path(a: Tensor, b: Tensor, t: Tensor) -> Tensor:
     return t * mean - log_z + log_z0
 
 
-def check_eps(eps: float) -> None:
-    """The trust-region radius must be a positive finite number."""
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (math.isfinite(eps) and eps > 0):
-        raise ValueError(f"eps must be a positive finite number, got {eps!r}")
-
-
 def _rows(bad: Tensor) -> str:
     """The first few row indices where bad [N] is True, for error messages."""
     return f"rows {torch.nonzero(bad)[:5, 0].tolist()}"
@@ -120,12 +114,12 @@ def _rows(bad: Tensor) -> str:
 
 @torch.no_grad()
 def solve_dual(a: Tensor, b: Tensor, eps: float, *, max_iter: int = 50, rtol: float = 1e-11) -> DualSolution:
-    """Find t* with KL(pi_t* || q) = eps (to rtol * eps) on active rows (see module docstring). a, b: [N, U]."""
+    """Find t* with KL(pi_t* || q) = eps (to rtol * eps) on active rows (see module docstring). a, b: [N, U]; eps
+    a positive finite number, not checked here: the caller checks it (troll.project.check_eps)."""
     if a.shape != b.shape or a.dim() != 2:
         raise ValueError(f"a and b must both be [N, U]; got {tuple(a.shape)} and {tuple(b.shape)}")
     if not (a.dtype.is_floating_point and b.dtype.is_floating_point):
         raise ValueError(f"a and b must be floating point, got {a.dtype} and {b.dtype}")
-    check_eps(eps)
     if not (isinstance(rtol, float) and 0 < rtol < 1):
         raise ValueError(f"rtol must be a float in (0, 1), got {rtol!r}")
     a, b = a.double(), b.double()

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from troll.dual import DualSolution, ImplicitT, check_eps, path_atoms, solve_dual
+from troll.dual import DualSolution, ImplicitT, path_atoms, solve_dual
 from troll.sparse import Support, compute_dtype
 
 FLOAT64_RTOL = 1e-11  # solver tolerance relative to eps in float64
@@ -52,15 +52,22 @@ FLOAT32_REL_MARGIN = 1e-3
 FLOAT32_TOL = 1e-9  # ... to min(FLOAT32_TOL, margin / 2): the atoms' KL stays below eps
 
 
+def check_eps(eps: float) -> None:
+    """The trust-region radius must be a positive finite number. Checked once where eps comes in: project_dense, and
+    troll_loss and TROLLConfig (troll.losses.check_troll_settings); solve_t, project_sparse and dual.solve_dual take
+    it as valid."""
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (math.isfinite(eps) and eps > 0):
+        raise ValueError(f"eps must be a positive finite number, got {eps!r}")
+
+
 def solve_t(a: Tensor, b: Tensor, eps: float, detach_dual: bool = False) -> tuple[Tensor, DualSolution]:
     """Solve the dual on atoms (a, b): [N, U] and return t* [N] in a's dtype, with its implicit gradient.
 
     For float64 the solver targets eps (to FLOAT64_RTOL * eps); otherwise eps - margin, margin =
     min(FLOAT32_MARGIN, FLOAT32_REL_MARGIN * eps), to min(FLOAT32_TOL, margin / 2), and t* is rounded down so the
     rounding can only move the result further inside the trust region. Warns (RuntimeWarning, with the count)
-    where the solver did not converge; `DualSolution.converged` holds the rows.
+    where the solver did not converge; `DualSolution.converged` holds the rows. eps: checked by the caller.
     """
-    check_eps(eps)
     if a.dtype == torch.float64:
         sol = solve_dual(a.detach(), b.detach(), eps, rtol=FLOAT64_RTOL)
     else:
@@ -88,6 +95,7 @@ def project_dense(logp_new: Tensor, logp_old: Tensor, eps: float, detach_dual: b
     Differentiable with respect to `logp_new`; `logp_old` is a constant. -inf marks tokens without mass: where
     only p has none, pi* has none either (module docstring); where q has none, p must have none (-inf in both).
     """
+    check_eps(eps)
     if logp_new.shape != logp_old.shape:
         raise ValueError(f"logp_new {tuple(logp_new.shape)} and logp_old {tuple(logp_old.shape)} differ in shape")
     shape = logp_new.shape
@@ -187,7 +195,8 @@ def atoms(s: Support) -> tuple[Tensor, Tensor]:
 
 
 def project_sparse(s: Support, eps: float, detach_dual: bool = False) -> Projection:
-    """Project p onto the KL ball of radius eps around q, atom by atom of the support `s` (sparse.build_support)."""
+    """Project p onto the KL ball of radius eps around q, atom by atom of the support `s` (sparse.build_support).
+    eps must be a positive finite number, checked by the caller (troll_loss checks it once per call)."""
     a, b = atoms(s)
     t, sol = solve_t(a, b, eps, detach_dual)
     logp = s.lp  # inside the region pi* = p

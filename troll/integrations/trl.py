@@ -16,14 +16,15 @@ logging and checkpoints. What TROLL adds or replaces:
                this batch: the paper's choice, = troll.train's old_policy="recompute".
   sampler      when the completions come with the sampler's log-probs (vLLM, server or colocate, or a rollout_func:
                TRL's batch field "sampling_per_token_logps", log mu(y) [B, T]), the decoupled objective of the plain
-               loop (docs/algorithm.md, 10b): troll_loss(..., behaviour_logp=log mu(y)) weighs each token's policy
-               term by w = sg(min(q(y) / mu(y), C)), the trust region staying around q. On by default, as in TRL's
-               GRPO (vllm_importance_sampling_correction=True): the sampler always differs from the trainer there
-               (its own kernels and precision), and an uncorrected estimator is biased by the mismatch (10a).
+               loop (docs/algorithm.md, 10b): each token's policy term weighed by w = sg(min(q(y) / mu(y), C)), the
+               trust region staying around q. On by default, as in TRL's GRPO
+               (vllm_importance_sampling_correction=True): the sampler always differs from the trainer there (its own
+               kernels and precision), and an uncorrected estimator is biased by the mismatch (10a).
                vllm_importance_sampling_mode "truncate" (default, = troll.train's --is_correction tis; per response
                under GSPO) or TRL's token_truncate / token_mask / sequence_truncate / sequence_mask, each as TRL
                defines it (10f); C = vllm_importance_sampling_clip_max (default 2.0, the plain loop's --is_cap; TRL's
                GRPO: 3.0), floor = vllm_importance_sampling_clip_min; vllm_importance_sampling_correction=False: none.
+               w comes from troll.integrations.is_weights.trl_is_weight and enters troll_loss as is_weight.
                TRL's own correction code is switched off (TROLL's loss applies it). Logged every generation batch,
                with or without the correction: troll/mismatch_logratio_mean, troll/mismatch_logratio_absmax,
                troll/mismatch_kl (troll.diagnostics.mismatch_at, log q(y) - log mu(y) over the real tokens).
@@ -35,7 +36,7 @@ logging and checkpoints. What TROLL adds or replaces:
                function troll.train uses; positions counted from each row's first real token; with
                `troll_logits_chunk` > 0 the chunked output layer, which never builds [b, T, V]), then
                `troll.losses.troll_loss(logits, completion_ids, mask, advantages, q, eps, alpha, k, delta, agg, level)`
-               (with the sampler correction, behaviour_logp and its mode and bounds too) with mask = completion_mask
+               (with the sampler correction, its weight is_weight too) with mask = completion_mask
                (x tool_mask) and TRL's settings mapped to troll's:
 
                    loss_type  troll agg                    scale (train; in eval GA = steps_per_generation = 1)
@@ -53,9 +54,10 @@ logging and checkpoints. What TROLL adds or replaces:
                has no attribute 'weight_loader'". On vLLM's CPU platform the trainer replaces that one method with
                vLLM's in-place `reload_weights`, as troll.vllm_engine pushes (`_reload_vllm_weights`; a LoRA model's
                adapted layers merged out of place, `vllm_weights`). On GPU TRL's own sync stays.
-  metrics      every troll_loss metric as "troll/<key>" through TRL's logger, merged over processes by
-               troll.metrics.merge ("_max" keys the max, "_min" keys the min, the rest the mean; the mismatch
-               metrics weighted by each process's real tokens, so the mean is over the whole generation batch).
+  metrics      every troll_loss metric and the correction's is_* ones as "troll/<key>" through TRL's logger, merged
+               over processes by troll.metrics.merge ("_max" keys the max, "_min" keys the min, the rest the mean;
+               the mismatch metrics weighted by each process's real tokens, so the mean is over the whole generation
+               batch).
 
 Not combined with TROLL (a clear ValueError from TROLLConfig): beta != 0 (the trust region replaces the reference
 KL), the clip-family options (epsilon or epsilon_high away from TRL's defaults: troll_eps plays the clip's role;
@@ -87,8 +89,9 @@ from packaging.version import Version
 from torch import Tensor
 
 from troll.diagnostics import mismatch_at
+from troll.integrations.is_weights import IS_MODES, trl_is_weight
 from troll.lora import base_weights, engine_weights, is_lora
-from troll.losses import IS_MODES, check_troll_settings, troll_loss
+from troll.losses import check_troll_settings, troll_loss
 from troll.metrics import merge
 from troll.policy import packed_logits
 from troll.sparse import TENSOR_FIELDS, SparseDist, cat_rows, sparsify
@@ -280,12 +283,14 @@ class TROLLGRPOTrainer(GRPOTrainer):
         adv = inputs["advantages"]
         if adv.dim() != 1:
             raise ValueError(f"TROLL needs one advantage per completion [B], got shape {tuple(adv.shape)}")
+        old = old_policy(inputs, logits.shape[-1])
+        weight, weight_metrics = self._correction(inputs, old, mask)
         loss, metrics = troll_loss(
             logits,
             tokens,
             mask,
             adv,
-            old_policy(inputs, logits.shape[-1]),
+            old,
             eps=self.args.troll_eps,
             alpha=self.args.troll_alpha,
             k=self.args.troll_k,
@@ -295,23 +300,25 @@ class TROLLGRPOTrainer(GRPOTrainer):
             norm_len=self.max_completion_length,
             level=self.importance_sampling_level,
             detach_dual=self.args.troll_detach_dual,
-            **self._correction(inputs),
+            is_weight=weight,
         )
         mode = "train" if self.model.training else "eval"
-        self._log_troll(metrics, mode)
+        self._log_troll(metrics | weight_metrics, mode)
         return loss * self._loss_scale(mask, inputs, mode)
 
-    def _correction(self, inputs: dict[str, Any]) -> dict[str, Any]:
-        """troll_loss's sampler-correction arguments: behaviour_logp and the weight's mode and bounds, or none."""
+    def _correction(
+        self, inputs: dict[str, Any], old: SparseDist, mask: Tensor
+    ) -> tuple[Tensor | None, dict[str, float]]:
+        """The sampler correction's weight w [B, T] in TRL's mode (is_weights.trl_is_weight, from log q(y) - log mu(y)
+        at the sampled tokens) and its metrics; (None, {}) without the sampler's log-probs."""
         if BEHAVIOUR not in inputs:
-            return {}
+            return None, {}
+        tokens = inputs["completion_ids"]
+        lq_y = old.logp_at(tokens.flatten()).view(tokens.shape)  # the loss's q(y): exact, over V
         cap, floor = self.args.vllm_importance_sampling_clip_max, self.args.vllm_importance_sampling_clip_min
-        return {
-            "behaviour_logp": inputs[BEHAVIOUR],
-            "is_mode": self.args.vllm_importance_sampling_mode,
-            "is_cap": math.inf if cap is None else cap,
-            "is_floor": 0.0 if floor is None else floor,
-        }
+        cap, floor = math.inf if cap is None else cap, 0.0 if floor is None else floor
+        mode, level = self.args.vllm_importance_sampling_mode, self.importance_sampling_level
+        return trl_is_weight(lq_y - inputs[BEHAVIOUR].to(lq_y.dtype), mask, mode, cap, floor, level)
 
     def _loss_scale(self, mask: Tensor, inputs: dict[str, Any], mode: str) -> Tensor | float:
         """Turn troll_loss's per-micro-batch aggregate into TRL's normalisation for `loss_type` (module docstring)."""
