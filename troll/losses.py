@@ -17,6 +17,8 @@ Every loss takes the same inputs and returns (loss, metrics):
     dppo        agg(-A sg(min(r, ratio_cap)) M log p(y))              M = 0 where the update leaves the region
     cispo       agg(-A sg(min(r, 1 + eps_high)) log p(y))             no trust region: the control
 
+Each baseline's defaults are its authors' (section 6: DPPO's thresholds and c = 10, GSPO's range, CISPO's 0.2).
+
 `level="sequence"` (troll_loss, ppo_clip) is GSPO: s_i = exp(mean_t log r_t) in the straight-through token form
 sg(s_i) r_t / sg(r_t); TROLL's r_t are the projected ratios. `agg` (the same for every term) reduces x [B, T]:
 
