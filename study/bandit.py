@@ -370,11 +370,13 @@ def summary(rows: Sequence[dict], baseline: str = BASELINE) -> list[dict]:
 
 
 def best_vs_best(rows: Sequence[dict], baseline_family: str = "ppo_clip") -> list[dict]:
-    """Per cell and loss: its best setting there (highest mean auc), paired with the baseline family's best."""
+    """Per cell and loss: its best setting there (highest mean auc; ties go to the earlier variant in VARIANTS),
+    paired with the baseline family's best."""
     out = []
     for cell in [c for c in CELLS if any(r["cell"] == c for r in rows)]:
         mine = [r for r in rows if r["cell"] == cell]
-        means = {v: statistics.fmean(auc(r) for r in mine if r["variant"] == v) for v in {r["variant"] for r in mine}}
+        ran = [v for v in VARIANTS if any(r["variant"] == v for r in mine)]  # in VARIANTS' order, not a set's
+        means = {v: statistics.fmean(auc(r) for r in mine if r["variant"] == v) for v in ran}
         best = {}
         for v in sorted(means, key=lambda v: -means[v]):
             best.setdefault(family(v), v)
