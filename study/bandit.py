@@ -51,9 +51,9 @@ asked of the project's own losses on the project's own sparse old policy. Design
   their defaults. 20 RL steps per run, seeds 0-4: 210 runs.
 - Results (`--results`, JSONL): one row per run, merged by name after every run; a run recorded with other
   settings is refused, not counted. `--jobs N` (N > 1) runs N spawned worker processes with cores / N threads
-  each, as study/run.py; one job runs in this process.
+  each (study/runner.py); one job runs in this process.
 - Report: per cell and variant, means over seeds and paired differences to PPO-clip 0.2 (`BASELINE`) on the same
-  seed with 95% t-intervals (study.offpolicy.t_interval) of the focus context's steps to the threshold (the good
+  seed with 95% t-intervals (study.runner.t_interval) of the focus context's steps to the threshold (the good
   token at 0.005, the issue's rank 20) and of `auc`; then best against best: each loss at its own best setting in
   the cell (the highest mean `auc`), paired with the best PPO-clip setting (Clip-Higher included).
 """
@@ -62,18 +62,23 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import statistics
 import time
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
-from multiprocessing import get_context
 from pathlib import Path
 
-from study import figures
-from study.offpolicy import merge_results, read_results, t_interval
-from study.run import _init_worker, usage_error
+from study.runner import (
+    paired_diffs,
+    plan,
+    read_results,
+    refuse_other_settings,
+    report_rows,
+    run_all,
+    save,
+    t_interval,
+    workers,
+)
 from troll.cli import run_command
 
 TARGETS = (0.3, 0.05, 0.005, 1e-3, 1e-4)  # the good token's initial probability, one context each
@@ -332,8 +337,7 @@ def family(variant: str) -> str:
 
 def _paired(rows: Sequence[dict], a: str, b: str, key) -> tuple[float, float, int]:
     """Mean and 95% half-width of key(run of a) - key(run of b) over the seeds both ran; and that seed count."""
-    by = {(r["variant"], r["seed"]): r for r in rows}
-    diffs = [key(by[a, s]) - key(by[b, s]) for v, s in by if v == a and (b, s) in by]
+    diffs = paired_diffs(*({r["seed"]: key(r) for r in rows if r["variant"] == v} for v in (a, b)))
     return (*t_interval(diffs), len(diffs)) if diffs else (math.nan, math.nan, 0)
 
 
@@ -457,7 +461,7 @@ def plot_steps(rows: Sequence[dict], out: Path) -> Path:
     for ax in axes[::cols]:
         ax.set_ylabel(f"RL steps until p(good) >= {THRESHOLD}")
     axes[0].legend(fontsize=7)
-    return figures.save(fig, out / "bandit_steps.png")
+    return save(fig, out / "bandit_steps.png")
 
 
 def plot_curves(rows: Sequence[dict], out: Path, cell: str = "issue") -> Path:
@@ -481,7 +485,7 @@ def plot_curves(rows: Sequence[dict], out: Path, cell: str = "issue") -> Path:
     ax2.set(yscale="log", xlabel="RL step", ylabel="KL(p_new || p_old), mean over contexts",
             title="exact KL of each update, over all V")  # fmt: skip
     ax1.legend(fontsize=7)
-    return figures.save(fig, out / "bandit_curves.png")
+    return save(fig, out / "bandit_curves.png")
 
 
 # ----------------------------------------------------------------------------- the command
@@ -517,12 +521,15 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def progress(row: dict) -> str:
+    """A finished run's line: the steps to the threshold per context, auc and time."""
+    return f"{row['name']}: steps to {THRESHOLD} {row['steps_to']}, auc {row['auc']:.3f}, {row['wall_s']:.1f} s"
+
+
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     args = parse(argv)
     if args.report or args.figures:
-        rows = list(read_results(Path(args.results)).values())
-        if not rows:
-            usage_error(f"{args.results} holds no results", PROG)
+        rows = report_rows(Path(args.results), PROG)
         if args.report:
             print(report(rows))
         if args.figures:
@@ -532,37 +539,13 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         return rows
     runs, done = grid(args), read_results(Path(args.results))
     for run in runs:  # a run recorded with other settings is not counted as done
-        saved = done.get(run.name, {}).get("settings")
-        if saved is not None and saved != settings(run, args):
-            changed = sorted(k for k, v in settings(run, args).items() if saved.get(k) != v)
-            usage_error(f"{run.name} ({args.results}) was run with other settings ({', '.join(changed)})", PROG)
-    todo = [r for r in runs if r.name not in done]
-    print(f"{len(runs)} runs, {len(runs) - len(todo)} done, {len(todo)} to run with {args.jobs} job(s)")
+        refuse_other_settings(PROG, run.name, args.results, done.get(run.name, {}).get("settings"), settings(run, args))
+    todo = plan(runs, done, args.jobs, args.dry_run)
     if args.dry_run:
-        for run in todo:
-            print(" ", run.name)
         return []
-    finished = []
-
-    def record(row: dict) -> None:
-        merge_results(Path(args.results), row)
-        finished.append(row)
-        print(
-            f"[{len(finished)}/{len(todo)}] {row['name']}: steps to {THRESHOLD} {row['steps_to']}, "
-            f"auc {row['auc']:.3f}, {row['wall_s']:.1f} s",
-            flush=True,
-        )
-
-    if args.jobs == 1:  # in this process: a run takes seconds, a fresh worker's imports would take longer
-        for run in todo:
-            record(execute(run, args))
-        return finished
-    threads = max(1, (os.cpu_count() or 1) // args.jobs)
-    with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn"), initializer=_init_worker,
-                             initargs=(threads,)) as pool:  # fmt: skip
-        for future in as_completed([pool.submit(execute, run, args) for run in todo]):
-            record(future.result())
-    return finished
+    # one job: in this process (a run takes seconds, a fresh worker's imports would take longer)
+    with workers(args.jobs, in_process=True) as pool:
+        return run_all(pool, execute, [(run, args) for run in todo], Path(args.results), progress)
 
 
 if __name__ == "__main__":
