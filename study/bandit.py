@@ -10,35 +10,8 @@
 A contextual bandit is one generated token with nothing before or after it: the question of docs/algorithm.md,
 section 11 (how much may a token at probability q grow in one update, under a ratio clip and under a KL ball),
 asked of the project's own losses on the project's own sparse old policy. Design, stated once:
-- Policy: a table of logits [C, V] in float32 (the trainer's precision), one row (a next-token distribution) per
-  context, trained by Adam (no weight decay, betas (0.9, 0.999), one optimiser for the whole run, as the trainer).
-- Initial rows: Zipf, p(rank k) proportional to k^-1.35 over k = 1..V: a long-tailed, high-entropy position (at
-  V = 32,000 the top token has 0.30, the top 64 hold 83% of the mass, entropy 4.0 nats), the kind of position
-  where RL's choice of token matters. Each context and seed places the ranks on its own random permutation of the
-  ids (which changes nothing for the losses, all of which treat ids alike); the shape is the same for every seed.
-- One rewarded ("good") token per context, at the rank whose initial probability is closest to each of TARGETS:
-  0.3, 0.05, 0.005, 1e-3, 1e-4 (ranks 1, 4, 21, 68, 372 at V = 32,000), so C = 5 contexts per run.
-- An RL step: G = 64 samples per context (`--samples`) from the current table by inverse-CDF sampling with
-  uniforms from a generator seeded by (seed, step) (`draws`), so every variant of a seed starts from the same table
-  and sees the same random numbers: identical samples while the policies agree, and the same noisy rewards for
-  the same samples. Rewards, then GRPO advantages per context (troll.advantages.grpo). A context whose rewards are
-  all equal carries no signal (every advantage 0) and is left out of the batch, as DAPO's dynamic sampling does
-  (without drawing replacements; a step with no signal anywhere makes no update): the V-sized work goes to the
-  contexts that teach something. Then the old policy as the trainer builds it (troll.sparse.sparsify, K = 64,
-  delta = 1e-5: the rest model), then `passes` Adam steps on the whole batch with the loss (troll.losses,
-  token-mean over the batch, each loss's own defaults but its setting).
-- Rewards: `clean` pays 1 for the good token, 0 for any other. `noisy` pays the good token 1 with probability 0.6
-  and a decoy, the neighbouring rank (one rank more likely; the second for a top-ranked good token), 1 with
-  probability 0.4. In the few samples a rare token gets, the decoy looks as good as the good token about half the
-  time, and it starts more likely; a loss that moves fast on little evidence can put most of the mass on the
-  decoy before the good token is seen, after which the good token is hardly sampled again. So moving fast can
-  cost, and speed alone does not win.
-- Measured per run: p(good) per context after every step; the steps until p(good) >= THRESHOLD = 0.5 (censored:
-  steps + 1 when it never does); the policy's expected reward after every step (mean over contexts; the best is 1
-  clean, 0.6 noisy) and its mean over the run (`auc`: speed and level in one number); the exact KL(p_new || p_old)
-  of each step's update over all V (troll.diagnostics.dense_kl, float64) per context; and collapse: a context
-  ends with a token other than the good one holding more than half of the mass and the good token below its
-  initial probability (or a non-finite logit, which ends the run).
+- The simulator (the policy, its initial rows, the good tokens, an RL step, the rewards and what is measured):
+  study/bandit_sim.py.
 - Variants (`VARIANTS`): TROLL with eps 0.01, 0.02, 0.05, 0.1, 0.2; PPO-clip with range 0.1, 0.2, 0.3 and
   Clip-Higher (0.2 / 0.28); DPPO (Binary-TV) with its ratio cap at the authors' 10 (`dppo`), 2 (`dppo-cap2`:
   this project's before the cap was a setting) and 20 (verl's); CISPO with eps_high 0.2 (cap 1.2, verl's), 1 and 5.
@@ -51,9 +24,9 @@ asked of the project's own losses on the project's own sparse old policy. Design
   their defaults. 20 RL steps per run, seeds 0-4: 210 runs.
 - Results (`--results`, JSONL): one row per run, merged by name after every run; a run recorded with other
   settings is refused, not counted. `--jobs N` (N > 1) runs N spawned worker processes with cores / N threads
-  each, as study/run.py; one job runs in this process.
+  each (study/runner.py); one job runs in this process.
 - Report: per cell and variant, means over seeds and paired differences to PPO-clip 0.2 (`BASELINE`) on the same
-  seed with 95% t-intervals (study.offpolicy.t_interval) of the focus context's steps to the threshold (the good
+  seed with 95% t-intervals (study.runner.t_interval) of the focus context's steps to the threshold (the good
   token at 0.005, the issue's rank 20) and of `auc`; then best against best: each loss at its own best setting in
   the cell (the highest mean `auc`), paired with the best PPO-clip setting (Clip-Higher included).
 """
@@ -62,26 +35,26 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import statistics
-import time
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
-from multiprocessing import get_context
 from pathlib import Path
 
-from study import figures
-from study.offpolicy import merge_results, read_results, t_interval
-from study.run import _init_worker, usage_error
+from study.bandit_sim import TARGETS, THRESHOLD, Cell, simulate
+from study.runner import (
+    paired_diffs,
+    plan,
+    read_results,
+    refuse_other_settings,
+    report_rows,
+    run_all,
+    save,
+    t_interval,
+    workers,
+)
 from troll.cli import run_command
 
-TARGETS = (0.3, 0.05, 0.005, 1e-3, 1e-4)  # the good token's initial probability, one context each
 FOCUS = 2  # the context reported in the table: the good token at 0.005 (rank 21 of 32,000; the issue's rank 20)
-ZIPF = 1.35
-THRESHOLD = 0.5
-NOISY = (0.6, 0.4)  # noisy reward: P(pay 1) for the good token and for the decoy
-K, DELTA = 64, 1e-5  # the trainer's sparse old policy
 VARIANTS: dict[str, tuple[str, dict]] = {
     "troll-0.01": ("troll", {"eps": 0.01}),
     "troll-0.02": ("troll", {"eps": 0.02}),
@@ -103,15 +76,6 @@ DEFAULTS = ("troll-0.05", "clip-0.2", "clip-higher", "dppo", "cispo")  # each lo
 BASELINE = "clip-0.2"
 SEEDS = (0, 1, 2, 3, 4)
 PROG = "python -m study.bandit"
-
-
-@dataclass(frozen=True)
-class Cell:
-    reward: str  # "clean" or "noisy"
-    passes: int  # Adam steps on each batch
-    lr: float
-    vocab: int
-
 
 CELLS = {
     "issue": Cell("clean", 4, 0.1, 32_000),
@@ -137,149 +101,6 @@ class Run:
     @property
     def name(self) -> str:
         return f"{self.cell}_{self.variant}_s{self.seed}"
-
-
-# ----------------------------------------------------------------------------- the bandit
-
-
-def initial_table(vocab: int, seed: int, targets: Sequence[float] = TARGETS) -> dict:
-    """The initial logits [C, V] (float32, Zipf rows, ids permuted per context and seed), the good and decoy token ids
-    [C], their ranks (1-based) and the good token's initial probability [C] (module docstring)."""
-    import torch
-
-    logp = -ZIPF * torch.arange(1, vocab + 1, dtype=torch.float64).log()
-    logp = logp - logp.logsumexp(0)
-    ranks = [int((logp.exp() - t).abs().argmin()) + 1 for t in targets]
-    decoys = [r - 1 if r > 1 else 2 for r in ranks]
-    gen = torch.Generator().manual_seed(seed)
-    perms = torch.stack([torch.randperm(vocab, generator=gen) for _ in targets])  # perms[c, k - 1]: id of rank k
-    table = torch.empty(len(targets), vocab, dtype=torch.float64).scatter_(1, perms, logp.expand(len(targets), -1))
-    rows = torch.arange(len(targets))
-    return {
-        "table": table.float(),
-        "good": perms[rows, torch.tensor(ranks) - 1],
-        "decoy": perms[rows, torch.tensor(decoys) - 1],
-        "ranks": ranks,
-        "decoy_ranks": decoys,
-        "q0": [float(logp[r - 1].exp()) for r in ranks],
-    }
-
-
-def draws(seed: int, step: int, contexts: int, samples: int):
-    """The step's uniforms [C, G] for sampling and for the noisy rewards: a function of (seed, step) only."""
-    import torch
-
-    gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
-    u = torch.rand(2, contexts, samples, generator=gen, dtype=torch.float64)
-    return u[0], u[1]
-
-
-def sample(logp, u):
-    """Inverse-CDF samples [C, G] from log-probs [C, V] with uniforms u [C, G] (float64)."""
-    import torch
-
-    cdf = logp.double().exp().cumsum(-1)
-    return torch.searchsorted(cdf, u * cdf[:, -1:]).clamp_max(logp.shape[-1] - 1)
-
-
-def rewards(tokens, good, decoy, u, reward: str):
-    """Rewards [C, G] of the samples (module docstring): clean 1[good]; noisy Bernoulli(0.6) / Bernoulli(0.4)."""
-    hit = tokens == good[:, None]
-    if reward == "clean":
-        return hit.double()
-    return ((hit & (u < NOISY[0])) | ((tokens == decoy[:, None]) & (u < NOISY[1]))).double()
-
-
-def expected_reward(logp, good, decoy, reward: str) -> float:
-    """The policy's expected reward, mean over contexts (logp [C, V])."""
-    p = logp.exp()
-    rows = range(p.shape[0])
-    if reward == "clean":
-        return float(p[rows, good].mean())
-    return float((NOISY[0] * p[rows, good] + NOISY[1] * p[rows, decoy]).mean())
-
-
-def bandit(cell: Cell, variant: str, seed: int, steps: int = 20, samples: int = 64, trace: bool = False) -> dict:
-    """One run (module docstring); returns its measurements (the results row without its name and settings).
-    With `trace`, also "trace": per step the samples [C, G] and the log-probs [C, V] before and after the update."""
-    import torch
-
-    from troll.advantages import grpo
-    from troll.diagnostics import dense_kl
-    from troll.losses import LOSSES
-    from troll.sparse import sparsify
-
-    start = time.time()
-    loss_name, kwargs = VARIANTS[variant]
-    init = initial_table(cell.vocab, seed)
-    good, decoy = init["good"], init["decoy"]
-    table = init["table"].clone().requires_grad_(True)
-    opt = torch.optim.Adam([table], lr=cell.lr)
-    c = table.shape[0]
-    ctx = torch.arange(c).repeat_interleave(samples)  # row i of the batch is a sample of context ctx[i]
-    logp = table.detach().double().log_softmax(-1)
-    p_good = [[float(x)] for x in logp.exp()[range(c), good]]
-    reward_curve = [expected_reward(logp, good, decoy, cell.reward)]
-    kl_mean, kl_max, kl_ctx, active, finite, steps_trace = [], [], [], [], True, []
-    for step in range(steps):
-        u_tok, u_rew = draws(seed, step, c, samples)
-        tokens = sample(logp, u_tok)
-        r = rewards(tokens, good, decoy, u_rew, cell.reward)
-        signal = (r != r[:, :1]).any(-1)  # the contexts whose group has some reward variance
-        rows = signal[ctx]
-        if bool(rows.any()):  # a step without any signal makes no update (nothing to learn from)
-            adv = grpo(r.reshape(-1)[rows], ctx[rows])
-            y = tokens.reshape(-1)[rows]
-            with torch.no_grad():
-                old = sparsify(table.detach()[ctx[rows]], y, k=K, delta=DELTA)
-            mask = torch.ones(len(y), 1, dtype=torch.bool)
-            for _ in range(cell.passes):
-                logits = table[ctx[rows]].unsqueeze(1)  # [B, 1, V]: each sample is a one-token response
-                loss, metrics = LOSSES[loss_name](logits, y[:, None], mask, adv, old, **kwargs)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                active.append(metrics["frac_active"])
-        new = table.detach().double().log_softmax(-1)
-        if not bool(torch.isfinite(table).all()):
-            finite = False
-            break
-        if trace:
-            steps_trace.append({"tokens": tokens, "logp_old": logp, "logp_new": new})
-        kl = dense_kl(new, logp)  # [C]: the exact KL of this step's update, over all V
-        kl_mean.append(float(kl.mean()))
-        kl_max.append(float(kl.max()))
-        kl_ctx.append([float(x) for x in kl])
-        logp = new
-        for i, x in enumerate(logp.exp()[range(c), good]):
-            p_good[i].append(float(x))
-        reward_curve.append(expected_reward(logp, good, decoy, cell.reward))
-    p_final = logp.exp()
-    top = p_final.max(-1)
-    other_top = (top.indices != good) & (top.values > 0.5)
-    collapsed = [not finite or bool(o and p_final[i, good[i]] < init["q0"][i]) for i, o in enumerate(other_top)]
-    steps_to = [next((s for s, p in enumerate(curve) if p >= THRESHOLD), steps + 1) for curve in p_good]
-
-    def r6(x):  # six significant digits: the results file stays small
-        return [r6(v) for v in x] if isinstance(x, list) else float(f"{x:.6g}")
-
-    return {
-        "ranks": init["ranks"],
-        "decoy_ranks": init["decoy_ranks"],
-        "q0": init["q0"],
-        "p_good": r6(p_good),
-        "steps_to": steps_to,
-        "reward_curve": r6(reward_curve),
-        "auc": statistics.fmean(reward_curve),
-        "final": reward_curve[-1],
-        "kl_update_mean": r6(kl_mean),
-        "kl_update_max": r6(kl_max),
-        "kl_update_ctx": r6(kl_ctx),
-        "frac_active_mean": statistics.fmean(active) if active else math.nan,
-        "collapsed": collapsed,
-        "finite": finite,
-        "wall_s": round(time.time() - start, 2),
-    } | ({"trace": steps_trace} if trace else {})
 
 
 # ----------------------------------------------------------------------------- the grid
@@ -316,6 +137,12 @@ def settings(run: Run, args: argparse.Namespace) -> dict:
     }
 
 
+def bandit(cell: Cell, variant: str, seed: int, steps: int = 20, samples: int = 64, trace: bool = False) -> dict:
+    """One run of a variant (study.bandit_sim.simulate); returns its measurements (the results row without its name
+    and settings)."""
+    return simulate(cell, *VARIANTS[variant], seed, steps, samples, trace)
+
+
 def execute(run: Run, args: argparse.Namespace) -> dict:
     """One results row."""
     row = {"name": run.name, **asdict(run), "settings": settings(run, args)}
@@ -332,8 +159,7 @@ def family(variant: str) -> str:
 
 def _paired(rows: Sequence[dict], a: str, b: str, key) -> tuple[float, float, int]:
     """Mean and 95% half-width of key(run of a) - key(run of b) over the seeds both ran; and that seed count."""
-    by = {(r["variant"], r["seed"]): r for r in rows}
-    diffs = [key(by[a, s]) - key(by[b, s]) for v, s in by if v == a and (b, s) in by]
+    diffs = paired_diffs(*({r["seed"]: key(r) for r in rows if r["variant"] == v} for v in (a, b)))
     return (*t_interval(diffs), len(diffs)) if diffs else (math.nan, math.nan, 0)
 
 
@@ -370,11 +196,13 @@ def summary(rows: Sequence[dict], baseline: str = BASELINE) -> list[dict]:
 
 
 def best_vs_best(rows: Sequence[dict], baseline_family: str = "ppo_clip") -> list[dict]:
-    """Per cell and loss: its best setting there (highest mean auc), paired with the baseline family's best."""
+    """Per cell and loss: its best setting there (highest mean auc; ties go to the earlier variant in VARIANTS),
+    paired with the baseline family's best."""
     out = []
     for cell in [c for c in CELLS if any(r["cell"] == c for r in rows)]:
         mine = [r for r in rows if r["cell"] == cell]
-        means = {v: statistics.fmean(auc(r) for r in mine if r["variant"] == v) for v in {r["variant"] for r in mine}}
+        ran = [v for v in VARIANTS if any(r["variant"] == v for r in mine)]  # in VARIANTS' order, not a set's
+        means = {v: statistics.fmean(auc(r) for r in mine if r["variant"] == v) for v in ran}
         best = {}
         for v in sorted(means, key=lambda v: -means[v]):
             best.setdefault(family(v), v)
@@ -455,7 +283,7 @@ def plot_steps(rows: Sequence[dict], out: Path) -> Path:
     for ax in axes[::cols]:
         ax.set_ylabel(f"RL steps until p(good) >= {THRESHOLD}")
     axes[0].legend(fontsize=7)
-    return figures.save(fig, out / "bandit_steps.png")
+    return save(fig, out / "bandit_steps.png")
 
 
 def plot_curves(rows: Sequence[dict], out: Path, cell: str = "issue") -> Path:
@@ -479,7 +307,7 @@ def plot_curves(rows: Sequence[dict], out: Path, cell: str = "issue") -> Path:
     ax2.set(yscale="log", xlabel="RL step", ylabel="KL(p_new || p_old), mean over contexts",
             title="exact KL of each update, over all V")  # fmt: skip
     ax1.legend(fontsize=7)
-    return figures.save(fig, out / "bandit_curves.png")
+    return save(fig, out / "bandit_curves.png")
 
 
 # ----------------------------------------------------------------------------- the command
@@ -515,12 +343,15 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def progress(row: dict) -> str:
+    """A finished run's line: the steps to the threshold per context, auc and time."""
+    return f"{row['name']}: steps to {THRESHOLD} {row['steps_to']}, auc {row['auc']:.3f}, {row['wall_s']:.1f} s"
+
+
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     args = parse(argv)
     if args.report or args.figures:
-        rows = list(read_results(Path(args.results)).values())
-        if not rows:
-            usage_error(f"{args.results} holds no results", PROG)
+        rows = report_rows(Path(args.results), PROG)
         if args.report:
             print(report(rows))
         if args.figures:
@@ -530,37 +361,13 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         return rows
     runs, done = grid(args), read_results(Path(args.results))
     for run in runs:  # a run recorded with other settings is not counted as done
-        saved = done.get(run.name, {}).get("settings")
-        if saved is not None and saved != settings(run, args):
-            changed = sorted(k for k, v in settings(run, args).items() if saved.get(k) != v)
-            usage_error(f"{run.name} ({args.results}) was run with other settings ({', '.join(changed)})", PROG)
-    todo = [r for r in runs if r.name not in done]
-    print(f"{len(runs)} runs, {len(runs) - len(todo)} done, {len(todo)} to run with {args.jobs} job(s)")
+        refuse_other_settings(PROG, run.name, args.results, done.get(run.name, {}).get("settings"), settings(run, args))
+    todo = plan(runs, done, args.jobs, args.dry_run)
     if args.dry_run:
-        for run in todo:
-            print(" ", run.name)
         return []
-    finished = []
-
-    def record(row: dict) -> None:
-        merge_results(Path(args.results), row)
-        finished.append(row)
-        print(
-            f"[{len(finished)}/{len(todo)}] {row['name']}: steps to {THRESHOLD} {row['steps_to']}, "
-            f"auc {row['auc']:.3f}, {row['wall_s']:.1f} s",
-            flush=True,
-        )
-
-    if args.jobs == 1:  # in this process: a run takes seconds, a fresh worker's imports would take longer
-        for run in todo:
-            record(execute(run, args))
-        return finished
-    threads = max(1, (os.cpu_count() or 1) // args.jobs)
-    with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn"), initializer=_init_worker,
-                             initargs=(threads,)) as pool:  # fmt: skip
-        for future in as_completed([pool.submit(execute, run, args) for run in todo]):
-            record(future.result())
-    return finished
+    # one job: in this process (a run takes seconds, a fresh worker's imports would take longer)
+    with workers(args.jobs, in_process=True) as pool:
+        return run_all(pool, execute, [(run, args) for run in todo], Path(args.results), progress)
 
 
 if __name__ == "__main__":

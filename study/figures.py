@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from study.runner import save
 from troll.checkpoint import read_jsonl
 from troll.cli import run_command
 
@@ -32,14 +33,6 @@ FIELDS = (
     "kl_update_mean",
     "kl_update_max",
 )
-
-
-def save(fig, path: Path) -> Path:
-    """Lay out a matplotlib figure and write it to `path` (its folder made if missing) at the studies' 110 dpi."""
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    return path
 
 
 def read_results(path: str | Path) -> list[dict]:

@@ -27,8 +27,8 @@ Design, stated once:
   Order: learning rate, then cell (in the order `--sources` gives), then seed: a study cut short holds whole cells,
   every seed of each.
 - Results (`--results`, JSONL): one row per finished run, merged by name after every run; a run whose saved
-  settings differ from what the grid makes now is refused, not counted. Workers and their threads as in
-  study/run.py (`--jobs N`: N spawned processes, cores / N torch threads each).
+  settings differ from what the grid makes now is refused, not counted. Workers and their threads as every study's
+  (study/runner.py; `--jobs N`: N spawned processes, cores / N torch threads each).
 - Report: per cell (lr, source, anchor) and loss, the mean final accuracy, the mean paired difference to PPO-clip
   over seeds with its 95% t-interval, and how many runs ended below their warm-start.
 - Settings (`--settings`, `SETTINGS`): each loss's trust-region size (TROLL's eps, PPO-clip's range, clip-higher);
@@ -40,127 +40,65 @@ Design, stated once:
   (`default`) at its own, paired, and the same with the learning rates chosen without each seed (`lora_vs_full`).
 - Task (`--task rare --vocab_size N`): the rare-behaviour variant (troll.addition); its warm-start records how often
   the behaviour appears, its rows the behaviour's rate per step, and the report how fast each loss adopts it.
+- Files: the grid and each run's config in study/offpolicy_grid.py, the report and figures in
+  study/offpolicy_report.py; here the warm-starts, the results rows and the command.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import itertools
 import json
 import math
-import os
-import statistics
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass
-from multiprocessing import get_context
+from dataclasses import asdict
 from pathlib import Path
 
-from study import figures
-from study.run import _init_worker, train_run, usage_error
+from study.offpolicy_grid import (
+    ANCHORS,
+    BASELINE,
+    LOSSES,
+    LRS,
+    SEEDS,
+    SETTINGS,
+    SOURCES,
+    TASKS,
+    THRESHOLD,
+    Run,
+    config,
+    grid,
+    setting_of,
+    warm_dir,
+)
+from study.offpolicy_report import (
+    _label,  # noqa: F401  (notebook 7 reads study.offpolicy._label)
+    lora_vs_full,
+    paired,  # noqa: F401  (notebooks 6 and 7 read study.offpolicy.paired)
+    plot_adoption,
+    plot_lora,
+    plot_paired,
+    plot_settings,
+    report,
+    report_best,
+    report_lora,
+)
+from study.runner import (
+    plan,
+    read_results,
+    refuse_other_settings,
+    report_rows,
+    run_all,
+    t_interval,  # noqa: F401  (docs/results.md names it study.offpolicy.t_interval)
+    train_run,
+    workers,
+)
 from troll import plot
-from troll.checkpoint import read_jsonl, rewrite_jsonl, rows_by_name
-from troll.cli import UsageError, run_command
+from troll.cli import fail, run_command
 from troll.config import Config, settings
 
-SOURCES: dict[str, dict] = {
-    "none": {},
-    "epochs": dict(minibatches=4, epochs=2),
-    "stale2": dict(staleness=2),
-    "stale8": dict(staleness=8),
-    "bf16": dict(rollout_dtype="bfloat16"),
-}
-ANCHORS: dict[str, dict] = {"recompute": dict(is_correction="tis"), "behaviour": dict(old_policy="behaviour")}
-# A loss's setting: the size of its trust region. `default` is the loss's own default (TROLL eps 0.05, PPO-clip
-# 0.2 / 0.2) and runs for every loss; every other setting belongs to one loss (`SETTINGS[name][0]`) and runs only
-# with it. clip0.2-0.28 is DAPO's clip-higher.
-SETTINGS: dict[str, tuple[str | None, dict]] = {
-    "default": (None, {}),
-    **{f"eps{e:g}": ("troll", dict(eps=e)) for e in (0.01, 0.02, 0.1, 0.2)},
-    **{f"clip{c:g}": ("ppo_clip", dict(clip_low=c, clip_high=c)) for c in (0.1, 0.3)},
-    "clip0.2-0.28": ("ppo_clip", dict(clip_low=0.2, clip_high=0.28)),
-    # DPPO's ratio cap c (default: the authors' 10; 2 is what this project ran before it was a setting) and CISPO's
-    # eps_high (default 0.2, verl's; the cap is 1 + eps_high, and the MiniMax-M1 paper tunes only this bound)
-    **{f"cap{c:g}": ("dppo", dict(dppo_cap=float(c))) for c in (2, 20)},
-    **{f"eh{e:g}": ("cispo", dict(clip_high=float(e))) for e in (1, 5)},
-    # Not a trust-region size: LoRA adapters (rank 8, alpha 16, PEFT's all-linear) on the seed's frozen warm-start,
-    # for every loss; the report sets it at its own best learning rate against full fine-tuning at its own.
-    "lora8": (None, dict(lora_rank=8, lora_alpha=16.0, lora_targets="all-linear")),
-}
-# The study's sweep (docs/results.md#best-against-best): these settings and the defaults in these cells.
-SWEEP = ["eps0.01", "eps0.02", "eps0.1", "eps0.2", "clip0.1", "clip0.3", "clip0.2-0.28"]
-OFF_POLICY_SAMPLER = ("stale2", "stale8", "bf16")  # the sources where mu != pi_old: both anchors run
-LOSSES = ("troll", "ppo_clip", "dppo", "cispo")
-LRS = (1e-4, 3e-4)
-SEEDS = (0, 1, 2, 3, 4)
-BASELINE = "ppo_clip"
 PROG = "python -m study.offpolicy"
-TASKS = ("addition", "rare")  # --task: the main job's, or its variant whose rewarded format starts rare
-THRESHOLD = 0.5  # the rare task's adoption: the first RL step whose samples show the behaviour this often
 
-
-@dataclass(frozen=True)
-class Run:
-    lr: float
-    seed: int
-    source: str
-    anchor: str
-    loss: str
-    setting: str = "default"
-
-    @property
-    def name(self) -> str:
-        variant = self.loss if self.setting == "default" else f"{self.loss}-{self.setting}"
-        return f"{variant}_{self.source}_{self.anchor}_lr{self.lr:g}_s{self.seed}"
-
-
-def setting_of(row: dict) -> str:
-    """A results row's setting; rows written before settings existed ran the default."""
-    return row.get("setting", "default")
-
-
-def grid(args: argparse.Namespace) -> list[Run]:
-    """Every run: learning rate by learning rate, then cell by cell in the order of --sources, every seed of a cell
-    before the next cell (module docstring)."""
-    cells = [
-        (source, anchor)
-        for source in args.sources
-        for anchor in (args.anchors if source in OFF_POLICY_SAMPLER else ["recompute"])
-    ]
-    variants = [(loss, s) for loss in args.losses for s in args.settings if SETTINGS[s][0] in (None, loss)]
-    return [
-        Run(lr, seed, source, anchor, loss, setting)
-        for lr, (source, anchor), seed in itertools.product(args.lrs, cells, args.seeds)
-        for loss, setting in variants
-    ]
-
-
-def warm_dir(args: argparse.Namespace, seed: int) -> Path:
-    return Path(args.out) / f"warm-s{seed}"
-
-
-def config(run: Run, args: argparse.Namespace) -> Config:
-    """The run's troll.train config: the main job's, from the seed's warm-start, with its source, anchor and
-    setting."""
-    anchor = ANCHORS[run.anchor] if run.source in OFF_POLICY_SAMPLER else {}
-    return Config(
-        **SOURCES[run.source],
-        **anchor,
-        **SETTINGS[run.setting][1],
-        task=args.task,
-        model=str(warm_dir(args, run.seed)),
-        sft_steps=0,
-        loss=run.loss,
-        lr=run.lr,
-        seed=run.seed,
-        steps=args.steps,
-        eval_every=args.steps,
-        save_every=args.steps,
-        eval_size=args.eval_size,
-        kl_update_vocab=4096,
-        out=str(Path(args.out) / run.name),
-    )
+# ----------------------------------------------------------------------------- the runs
 
 
 def warm_start(seed: int, args: argparse.Namespace) -> dict:
@@ -217,21 +155,6 @@ def _read_config(path: Path) -> dict | None:
     return settings(json.loads(path.read_text())) if path.is_file() else None
 
 
-def read_results(path: Path) -> dict[str, dict]:
-    """The results file's rows by run name (empty when there is no file); a torn or conflicting row is a
-    UsageError naming the file and the line or run."""
-    try:
-        return rows_by_name(path, read_jsonl(path)) if path.is_file() else {}
-    except ValueError as e:
-        raise UsageError(f"{e} (fix or remove that row: its run is trained again)") from None
-
-
-def merge_results(path: Path, row: dict) -> None:
-    """Add or replace `row` by name, keep the others, write atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    rewrite_jsonl(path, list((read_results(path) | {row["name"]: row}).values()))
-
-
 def collect(run: Run, out: Path) -> dict:
     """One results row from a finished run directory."""
     summary = json.loads((out / "summary.json").read_text())
@@ -262,353 +185,8 @@ def collect(run: Run, out: Path) -> dict:
 
 
 def execute(run: Run, cfg: Config) -> dict:
-    """Train one run (study.run.train_run); returns its results row."""
+    """Train one run (study.runner.train_run); returns its results row."""
     return collect(run, train_run(cfg))
-
-
-# ----------------------------------------------------------------------------- the report
-
-
-def t_interval(diffs: Sequence[float]) -> tuple[float, float]:
-    """Mean and half-width of the 95% t-interval of paired differences (nan half-width for fewer than 2)."""
-    try:
-        from scipy.stats import t
-    except ImportError:
-        usage_error("the report's t-intervals need scipy: pip install scipy (or the dev extra)", PROG)
-
-    mean = statistics.fmean(diffs)
-    if len(diffs) < 2:
-        return mean, math.nan
-    return mean, float(t.ppf(0.975, len(diffs) - 1)) * statistics.stdev(diffs) / math.sqrt(len(diffs))
-
-
-def _cell_order(key: tuple) -> tuple:
-    """Sort key of (lr, source, anchor, loss, setting): the study's own orders."""
-    lr, source, anchor, loss, setting = key
-    return (
-        lr,
-        list(SOURCES).index(source),
-        list(ANCHORS).index(anchor),
-        LOSSES.index(loss),
-        list(SETTINGS).index(setting),
-    )
-
-
-def by_run(rows: Sequence[dict]) -> dict[tuple, dict]:
-    """Rows by (lr, source, anchor, loss, setting, seed)."""
-    return {(r["lr"], r["source"], r["anchor"], r["loss"], setting_of(r), r["seed"]): r for r in rows}
-
-
-def adoption_step(row: dict, threshold: float = THRESHOLD) -> int:
-    """The first RL step whose samples show the rare task's behaviour at least `threshold` of the time; a run that
-    never does counts as steps + 1 (censored: its true step is later)."""
-    rates = row["behaviour_rate"]
-    return next((i + 1 for i, x in enumerate(rates) if x >= threshold), len(rates) + 1)
-
-
-def paired(rows: Sequence[dict], baseline: str = BASELINE, threshold: float = THRESHOLD) -> list[dict]:
-    """Per (lr, source, anchor, loss, setting): n seeds, mean final accuracy and gain, the mean paired difference
-    to the baseline loss at its default setting on the same seed with its 95% interval, and the runs that ended
-    below their start. Rows of the rare task add the behaviour's rate at the first and last step (and the last
-    step's paired difference to the baseline's) and the step it passes `threshold` (mean, and paired difference)."""
-    by = by_run(rows)
-    out = []
-    for cell in sorted({k[:5] for k in by}, key=_cell_order):
-        lr, source, anchor, loss, setting = cell
-        runs = [r for k, r in by.items() if k[:5] == cell]
-        base = {k[5]: r for k, r in by.items() if k[:5] == (lr, source, anchor, baseline, "default")}
-        mean, half = t_interval([r["eval_after"] - base[r["seed"]]["eval_after"] for r in runs if r["seed"] in base]
-                                or [math.nan])  # fmt: skip
-        c = {
-            "lr": lr, "source": source, "anchor": anchor, "loss": loss, "setting": setting, "n": len(runs),
-            "after": statistics.fmean(r["eval_after"] for r in runs),
-            "gain": statistics.fmean(r["eval_after"] - r["eval_before"] for r in runs),
-            "diff": mean, "half": half, "below": sum(r["eval_after"] < r["eval_before"] for r in runs),
-            "kl_update": statistics.fmean(r["kl_update_mean"] for r in runs),
-            "mismatch_kl": statistics.fmean(r["mismatch_kl"] for r in runs),
-            "wall_clock_s": statistics.fmean(r.get("wall_clock_s", math.nan) for r in runs),
-        }  # fmt: skip
-        if all("behaviour_rate" in r for r in runs):
-            steps = {r["seed"]: adoption_step(r, threshold) for r in runs}
-            d = [steps[s] - adoption_step(b, threshold) for s, b in base.items() if s in steps]
-            last = {r["seed"]: r["behaviour_rate"][-1] for r in runs}
-            c |= {
-                "rate_first": statistics.fmean(r["behaviour_rate"][0] for r in runs),
-                "rate_last": statistics.fmean(r["behaviour_rate"][-1] for r in runs),
-                "adopt": statistics.fmean(steps.values()),
-                "adopted": sum(r["behaviour_rate"][-1] >= threshold for r in runs),
-                "adopt_diff": t_interval(d or [math.nan]),
-                "rate_diff": t_interval(
-                    [last[s] - b["behaviour_rate"][-1] for s, b in base.items() if s in last] or [math.nan]
-                ),  # fmt: skip
-            }
-        out.append(c)
-    return out
-
-
-def _label(c: dict) -> str:
-    return c["loss"] if c["setting"] == "default" else f"{c['loss']} {c['setting']}"
-
-
-def report(rows: Sequence[dict], baseline: str = BASELINE, threshold: float = THRESHOLD) -> str:
-    """The paired table as markdown; for the rare task a second table, how fast each loss adopts the behaviour."""
-    cells = paired(rows, baseline, threshold)
-    lines = [
-        f"| lr | source | anchor | loss | seeds | final acc | gain | vs {baseline} (95% CI) | below start | "
-        "update KL | mismatch KL |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for c in cells:
-        own = (c["loss"], c["setting"]) == (baseline, "default") or math.isnan(c["diff"])  # or no baseline ran
-        vs = "-" if own else f"{c['diff']:+.3f} ± {c['half']:.3f}"
-        lines.append(
-            f"| {c['lr']:g} | {c['source']} | {c['anchor']} | {_label(c)} | {c['n']} | {c['after']:.3f} | "
-            f"{c['gain']:+.3f} | {vs} | {c['below']}/{c['n']} | {c['kl_update']:.4f} | {c['mismatch_kl']:.4f} |"
-        )
-    if all("adopt" in c for c in cells):
-        lines += [
-            "",
-            f"| lr | source | anchor | loss | seeds | rate, step 1 | rate, last step | vs {baseline} (95% CI) | "
-            f"step rate >= {threshold:g} | vs {baseline} (95% CI) | adopted |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
-        ]
-        for c in cells:
-            (d, h), (dr, hr) = c["adopt_diff"], c["rate_diff"]
-            own = (c["loss"], c["setting"]) == (baseline, "default")
-            vs, vs_rate = ("-", "-") if own else (f"{d:+.1f} ± {h:.1f}", f"{dr:+.3f} ± {hr:.3f}")
-            lines.append(
-                f"| {c['lr']:g} | {c['source']} | {c['anchor']} | {_label(c)} | {c['n']} | {c['rate_first']:.3f} | "
-                f"{c['rate_last']:.3f} | {vs_rate} | {c['adopt']:.1f} | {vs} | {c['adopted']}/{c['n']} |"
-            )
-    return "\n".join(lines)
-
-
-def _best(by: dict[tuple, dict], candidates: Sequence[tuple], seeds: Sequence[int] | None = None) -> tuple | None:
-    """Of `candidates` (run keys less the seed), the one with the highest mean final accuracy over `seeds` (default:
-    every seed any of them ran; a candidate that lacks one of them is not one); ties go to the earlier candidate;
-    None when there is none."""
-    want = sorted({k[5] for k in by if k[:5] in candidates}) if seeds is None else list(seeds)
-    best = None
-    for c in candidates if want else ():
-        if all((*c, s) in by for s in want):
-            score = statistics.fmean(by[(*c, s)]["eval_after"] for s in want)
-            if best is None or score > best[1]:
-                best = (c, score)
-    return best and best[0]
-
-
-def _best_pair(by: dict[tuple, dict], a: Sequence[tuple], b: Sequence[tuple]) -> dict:
-    """Two sets of candidates (run keys less the seed), each at its best (`_best`, by mean final accuracy): the
-    paired difference a - b over the seeds both best ones ran, with its 95% interval; and, since a best-of-several
-    chosen on the same seeds is optimistic, the same difference with each choice made leaving each seed out
-    (chosen on the other seeds, scored on that one)."""
-    best = (_best(by, a), _best(by, b))
-    seeds = sorted(set.intersection(*({k[5] for k in by if k[:5] == c} for c in best)))
-    diffs = [by[(*best[0], s)]["eval_after"] - by[(*best[1], s)]["eval_after"] for s in seeds]
-    held_out = []
-    for s in seeds:  # the choices made on the other seeds, scored on seed s
-        others = {k: r for k, r in by.items() if k[5] != s}
-        chosen = (_best(others, a), _best(others, b))
-        if all(c is not None and (*c, s) in by for c in chosen):
-            held_out.append(by[(*chosen[0], s)]["eval_after"] - by[(*chosen[1], s)]["eval_after"])
-    return {
-        "best_a": best[0], "best_b": best[1], "n": len(seeds),
-        "after": statistics.fmean(by[(*best[0], s)]["eval_after"] for s in seeds),
-        "after_baseline": statistics.fmean(by[(*best[1], s)]["eval_after"] for s in seeds),
-        "diff": t_interval(diffs), "held_out": t_interval(held_out) if held_out else (math.nan, math.nan),
-    }  # fmt: skip
-
-
-def best_settings(rows: Sequence[dict], seeds: Sequence[int] | None = None) -> dict[tuple, str]:
-    """Per (lr, source, anchor, loss): the setting with the highest mean final accuracy over `seeds` (default:
-    every seed; settings that lack one of them are not candidates); ties go to the earlier setting."""
-    by = by_run(rows)
-    cells = sorted({k[:5] for k in by}, key=_cell_order)
-    best = {g: _best(by, [c for c in cells if c[:4] == g], seeds) for g in dict.fromkeys(c[:4] for c in cells)}
-    return {g: c[4] for g, c in best.items() if c is not None}
-
-
-def best_vs_best(rows: Sequence[dict], loss: str = "troll", baseline: str = BASELINE) -> list[dict]:
-    """Per (lr, source, anchor) where both losses ran more than one setting: each loss at its own best setting
-    (`best_settings`, by mean final accuracy), the paired difference `loss` - `baseline` over seeds with its 95%
-    interval, and the same with the settings chosen leaving each seed out (`_best_pair`)."""
-    by, out = by_run(rows), []
-    cells = sorted({k[:5] for k in by}, key=_cell_order)
-    for lr, source, anchor in sorted({k[:3] for k in by}, key=lambda k: _cell_order((*k, loss, "default"))):
-        a, b = ([c for c in cells if c[:4] == (lr, source, anchor, x)] for x in (loss, baseline))
-        if min(len(a), len(b)) < 2:
-            continue
-        pair = _best_pair(by, a, b)
-        out.append({"lr": lr, "source": source, "anchor": anchor, "loss": loss, "baseline": baseline,
-                    "best": pair.pop("best_a")[4], "best_baseline": pair.pop("best_b")[4], **pair})  # fmt: skip
-    return out
-
-
-def lora_vs_full(rows: Sequence[dict], lora: str = "lora8", full: str = "default") -> list[dict]:
-    """Per (source, anchor, loss) that ran both: LoRA (setting `lora`) at its own best learning rate against full
-    fine-tuning (setting `full`) at its own, each by mean final accuracy over seeds; the paired difference LoRA -
-    full over seeds with its 95% interval, and the same with both learning rates chosen leaving each seed out
-    (`_best_pair`)."""
-    by, out = by_run(rows), []
-    cells = sorted({k[:5] for k in by}, key=_cell_order)  # learning rate first: ties go to the smaller one
-    for source, anchor, loss in sorted({c[1:4] for c in cells}, key=lambda k: _cell_order((0, *k, full))):
-        a, b = ([c for c in cells if c[1:] == (source, anchor, loss, x)] for x in (lora, full))
-        if not (a and b):
-            continue
-        pair = _best_pair(by, a, b)
-        out.append({"source": source, "anchor": anchor, "loss": loss, "lora": lora, "full": full,
-                    "lr": pair.pop("best_a")[0], "lr_full": pair.pop("best_b")[0], **pair})  # fmt: skip
-    return out
-
-
-def report_best(rows: Sequence[dict], loss: str = "troll", baseline: str = BASELINE) -> str:
-    """`best_vs_best` as markdown (empty when no cell swept both losses)."""
-    cells = best_vs_best(rows, loss, baseline)
-    if not cells:
-        return ""
-    lines = [
-        f"| lr | source | anchor | {loss}: best setting | final acc | {baseline}: best setting | final acc | "
-        "best - best (95% CI) | settings chosen without the seed (95% CI) |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for c in cells:
-        lines.append(
-            f"| {c['lr']:g} | {c['source']} | {c['anchor']} | {c['best']} | {c['after']:.3f} | "
-            f"{c['best_baseline']} | {c['after_baseline']:.3f} | {c['diff'][0]:+.3f} ± {c['diff'][1]:.3f} | "
-            f"{c['held_out'][0]:+.3f} ± {c['held_out'][1]:.3f} |"
-        )
-    return "\n".join(lines)
-
-
-def report_lora(rows: Sequence[dict], lora: str = "lora8", full: str = "default") -> str:
-    """LoRA against full fine-tuning as markdown: every learning rate of each, then `lora_vs_full` (empty when no
-    cell ran both)."""
-    pairs = lora_vs_full(rows, lora, full)
-    if not pairs:
-        return ""
-    lines = [
-        "| loss | source | method | lr | seeds | final acc | gain | below start | update KL | s / run |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    cells = paired(rows)
-    for p in pairs:
-        for method, setting, best in (("full", full, p["lr_full"]), ("LoRA", lora, p["lr"])):
-            want = (p["source"], p["anchor"], p["loss"], setting)
-            for c in (c for c in cells if (c["source"], c["anchor"], c["loss"], c["setting"]) == want):
-                lr = f"**{c['lr']:g}**" if c["lr"] == best else f"{c['lr']:g}"  # the best in bold
-                lines.append(
-                    f"| {p['loss']} | {p['source']} | {method} ({setting}) | {lr} | {c['n']} | {c['after']:.3f} | "
-                    f"{c['gain']:+.3f} | {c['below']}/{c['n']} | {c['kl_update']:.4f} | {c['wall_clock_s']:.0f} |"
-                )
-    lines += [
-        "",
-        "| loss | source | anchor | LoRA: best lr | final acc | full: best lr | final acc | seeds | "
-        "LoRA - full (95% CI) | lrs chosen without the seed (95% CI) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for p in pairs:
-        lines.append(
-            f"| {p['loss']} | {p['source']} | {p['anchor']} | {p['lr']:g} | {p['after']:.3f} | {p['lr_full']:g} | "
-            f"{p['after_baseline']:.3f} | {p['n']} | {p['diff'][0]:+.3f} ± {p['diff'][1]:.3f} | "
-            f"{p['held_out'][0]:+.3f} ± {p['held_out'][1]:.3f} |"
-        )
-    return "\n".join(lines)
-
-
-def plot_paired(rows: Sequence[dict], out: Path, stem: str = "offpolicy") -> Path:
-    """One panel per learning rate: each loss's paired difference to PPO-clip, per cell, with its 95% interval."""
-    from matplotlib.figure import Figure
-
-    cells = [c for c in paired(rows) if c["loss"] != BASELINE and c["setting"] == "default"]
-    lrs = sorted({c["lr"] for c in cells})
-    fig = Figure(figsize=(11, 3.4 * len(lrs)))
-    axes = fig.subplots(len(lrs), 1, squeeze=False)[:, 0]
-    for ax, lr in zip(axes, lrs, strict=True):
-        mine = [c for c in cells if c["lr"] == lr]
-        labels = list(dict.fromkeys(f"{c['source']}\n{c['anchor']}" for c in mine))
-        for j, loss in enumerate(x for x in LOSSES if x != BASELINE):
-            pts = [c for c in mine if c["loss"] == loss]
-            xs = [labels.index(f"{c['source']}\n{c['anchor']}") + (j - 1) * 0.22 for c in pts]
-            ax.errorbar(xs, [c["diff"] for c in pts], yerr=[c["half"] for c in pts], fmt="o", ms=4, capsize=3,
-                        label=loss)  # fmt: skip
-        ax.axhline(0.0, color="black", lw=0.8)
-        ax.set_xticks(range(len(labels)), labels, fontsize=8)
-        ax.set_ylabel("final accuracy - PPO-clip's")
-        ax.set_title(f"lr {lr:g}: paired difference to PPO-clip, mean over seeds, 95% interval", fontsize=10)
-        ax.legend(fontsize=8)
-    return figures.save(fig, out / f"{stem}_paired.png")
-
-
-def plot_settings(rows: Sequence[dict], out: Path, stem: str) -> Path:
-    """One panel per cell: every (loss, setting)'s paired difference to PPO-clip at its default, 95% interval;
-    each loss's best setting filled."""
-    from matplotlib.figure import Figure
-
-    cells, best = paired(rows), best_settings(rows)
-    keys = list(dict.fromkeys((c["lr"], c["source"], c["anchor"]) for c in cells))
-    fig = Figure(figsize=(11, 3.6 * len(keys)))
-    for ax, key in zip(fig.subplots(len(keys), 1, squeeze=False)[:, 0], keys, strict=True):
-        mine = [c for c in cells if (c["lr"], c["source"], c["anchor"]) == key]
-        for i, c in enumerate(mine):
-            chosen = best.get((*key, c["loss"])) == c["setting"]
-            ax.errorbar([i], [c["diff"]], yerr=[0.0 if math.isnan(c["half"]) else c["half"]], fmt="o", capsize=3,
-                        color=f"C{LOSSES.index(c['loss'])}", mfc=None if chosen else "white")  # fmt: skip
-        ax.axhline(0.0, color="black", lw=0.8)
-        ax.set_xticks(range(len(mine)), [_label(c).replace(" ", "\n") for c in mine], fontsize=8)
-        ax.set_ylabel("final accuracy - PPO-clip's")
-        ax.set_title(f"lr {key[0]:g}, {key[1]}, {key[2]}: paired difference to PPO-clip (0.2), 95% interval; "
-                     "filled: the loss's best setting", fontsize=10)  # fmt: skip
-    return figures.save(fig, out / f"{stem}_settings.png")
-
-
-def plot_adoption(rows: Sequence[dict], out: Path, stem: str, threshold: float = THRESHOLD) -> Path:
-    """One panel per cell: the share of each step's samples that show the rare behaviour, per loss and setting,
-    mean over seeds with the seeds' range shaded."""
-    from matplotlib.figure import Figure
-
-    by = by_run(rows)
-    keys = sorted({k[:3] for k in by}, key=lambda k: _cell_order((*k, "troll", "default")))
-    fig = Figure(figsize=(6 * len(keys), 4))
-    for ax, key in zip(fig.subplots(1, len(keys), squeeze=False)[0], keys, strict=True):
-        variants = sorted({k[3:5] for k in by if k[:3] == key}, key=lambda v: _cell_order((*key, *v)))
-        for j, (loss, setting) in enumerate(variants):
-            curves = [r["behaviour_rate"] for k, r in by.items() if k[:5] == (*key, loss, setting)]
-            steps = range(1, min(map(len, curves)) + 1)
-            per_step = list(zip(*(c[: len(steps)] for c in curves), strict=True))
-            label = loss if setting == "default" else f"{loss} {setting}"
-            ax.plot(steps, [statistics.fmean(x) for x in per_step], color=f"C{j}", label=f"{label} ({len(curves)})")
-            ax.fill_between(steps, [min(x) for x in per_step], [max(x) for x in per_step], color=f"C{j}", alpha=0.15)
-        ax.axhline(threshold, color="gray", lw=0.8, ls="--")
-        ax.set_xlabel("RL step")
-        ax.set_ylabel("share of samples with the rare behaviour")
-        ax.set_title(f"lr {key[0]:g}, {key[1]}, {key[2]}: mean over seeds, range shaded", fontsize=10)
-        ax.legend(fontsize=8)
-    return figures.save(fig, out / f"{stem}_adoption.png")
-
-
-def plot_lora(rows: Sequence[dict], out: Path, stem: str, lora: str = "lora8", full: str = "default") -> Path:
-    """One panel per (source, anchor, loss) that ran both: final accuracy against the learning rate, full
-    fine-tuning and LoRA, each seed a dot and the mean over seeds a line; the warm-starts' mean dashed."""
-    from matplotlib.figure import Figure
-
-    by = by_run(rows)
-    keys = [(p["source"], p["anchor"], p["loss"]) for p in lora_vs_full(rows, lora, full)]
-    fig = Figure(figsize=(6 * len(keys), 4))
-    for ax, key in zip(fig.subplots(1, len(keys), squeeze=False)[0], keys, strict=True):
-        for j, (label, setting) in enumerate((("full fine-tuning", full), (f"LoRA ({lora})", lora))):
-            mine = {k: r for k, r in by.items() if k[1:5] == (*key, setting)}
-            lrs = sorted({k[0] for k in mine})
-            ax.scatter([k[0] for k in mine], [r["eval_after"] for r in mine.values()], s=12, color=f"C{j}", alpha=0.5)
-            ax.plot(lrs, [statistics.fmean(r["eval_after"] for k, r in mine.items() if k[0] == lr) for lr in lrs],
-                    "o-", color=f"C{j}", label=label)  # fmt: skip
-        befores = [r["eval_before"] for k, r in by.items() if k[1:4] == key]
-        ax.axhline(statistics.fmean(befores), color="gray", lw=0.8, ls="--", label="warm-start")
-        ax.set_xscale("log")
-        ax.set_xlabel("learning rate")
-        ax.set_ylabel("held-out accuracy after RL")
-        ax.set_title(f"{key[2]}, {key[0]}: final accuracy per seed (dots) and mean", fontsize=10)
-        ax.legend(fontsize=8)
-    return figures.save(fig, out / f"{stem}_vs_full.png")
 
 
 # ----------------------------------------------------------------------------- the command
@@ -665,12 +243,15 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def progress(row: dict) -> str:
+    """A finished run's line: its held-out accuracy before and after RL."""
+    return f"{row['name']}: {row['eval_before']:.3f} -> {row['eval_after']:.3f}"
+
+
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     args = parse(argv)
     if args.report or args.figures:
-        rows = list(read_results(Path(args.results)).values())
-        if not rows:
-            usage_error(f"{args.results} holds no results", PROG)
+        rows = report_rows(Path(args.results), PROG)
         if args.report:
             print(report(rows, args.baseline, args.threshold))
             if best := report_best(rows, "troll", args.baseline):
@@ -694,37 +275,24 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         path = Path(args.out) / run.name / "config.json"
         recorded = done[run.name]["config"] if run.name in done else None
         for where, saved in ((args.results, recorded and settings(recorded)), (path, _read_config(path))):
-            if saved is not None and saved != want:
-                changed = sorted(k for k in want if saved.get(k) != want[k])
-                usage_error(f"{run.name} ({where}) was run with other settings ({', '.join(changed)})", PROG)
+            refuse_other_settings(PROG, run.name, where, saved, want)
     for seed in sorted({r.seed for r in runs}):  # a warm-start made for another task or step limit is not this study's
         record = _read_config(warm_dir(args, seed) / "warm.json")
         made = {"sft_steps": "sft_limit", "task": "task", "vocab_size": "vocab_size"}
         old = {"task": "addition", "vocab_size": 0}  # warm-starts made before these were recorded
         for flag, key in made.items() if record is not None else ():
             if (was := record.get(key, old.get(key))) != getattr(args, flag):
-                usage_error(f"{warm_dir(args, seed)} was warm-started with --{flag} {was}", PROG)
-    todo = [r for r in runs if r.name not in done]
-    print(f"{len(runs)} runs, {len(runs) - len(todo)} done, {len(todo)} to run with {args.jobs} job(s)")
+                fail(PROG, f"{warm_dir(args, seed)} was warm-started with --{flag} {was}")
+    todo = plan(runs, done, args.jobs, args.dry_run)
     if args.dry_run:
-        for run in todo:
-            print(" ", run.name)
         return []
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    threads = max(1, (os.cpu_count() or 1) // args.jobs) if args.jobs > 1 else 0
-    context = get_context("spawn")
-    with ProcessPoolExecutor(args.jobs, mp_context=context, initializer=_init_worker, initargs=(threads,)) as pool:
+    with workers(args.jobs) as pool:
         seeds = sorted({r.seed for r in todo if not (warm_dir(args, r.seed) / "warm.json").is_file()})
         for seed, future in [(s, pool.submit(warm_start, s, args)) for s in seeds]:
             print(f"warm-start seed {seed}: {future.result()}", flush=True)
-        futures = {pool.submit(execute, run, config(run, args)): run for run in todo}
-        finished = []
-        for i, future in enumerate(as_completed(futures), 1):
-            row = future.result()
-            merge_results(Path(args.results), row)
-            finished.append(row)
-            print(f"[{i}/{len(todo)}] {row['name']}: {row['eval_before']:.3f} -> {row['eval_after']:.3f}", flush=True)
-    return finished
+        calls = [(run, config(run, args)) for run in todo]
+        return run_all(pool, execute, calls, Path(args.results), progress)
 
 
 if __name__ == "__main__":

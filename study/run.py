@@ -30,11 +30,12 @@ Choices, stated once:
   or delete the run. A row records the run's config (`collect`); rows without one (the committed file) are
   compared on what they record: steps and held-out problems.
 - `--jobs N` (default 1) runs N at a time, each in its own worker process with cores / N torch threads; with one
-  job the worker keeps torch's default threads. Workers are spawned (no fork of a process with OpenMP threads)
-  and import torch once; the parent never imports it.
+  job the worker keeps torch's default threads. Workers are spawned (study/runner.py) and import torch once; the
+  parent never imports it.
 - Results (`--results`, JSONL): one row per finished run (`collect`), merged by run name into the file after
-  every run (rows of other grids in it are kept), written atomically. The KL of each update is the network's own,
-  exact over the 260-token vocabulary (troll.train's kl_update_mean / kl_update_max, one value per RL step).
+  every run (rows of other grids in it are kept), written atomically (study/runner.py). The KL of each update is
+  the network's own, exact over the 260-token vocabulary (troll.train's kl_update_mean / kl_update_max, one value
+  per RL step).
 - Time estimate (`estimate`): a run at 1 epoch costs what the calibration run cost, wall clock in a fresh worker
   (its minibatch count is the grid's largest, so smaller ones are overestimated a little; a longer or shorter run
   adds or drops its mean step time per step, a different eval_size is not accounted for); each further epoch adds
@@ -44,24 +45,18 @@ Choices, stated once:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import itertools
 import json
-import os
 import shutil
-import sys
 import time
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, replace
-from multiprocessing import get_context
 from pathlib import Path
-from typing import NoReturn
 
 from study import figures
+from study.runner import merge_results, read_rows, run_all, train_run, workers
 from troll import plot
-from troll.checkpoint import rows_by_name
-from troll.cli import run_command
+from troll.cli import fail, run_command
 from troll.config import Config, settings
 
 VARIANTS: dict[str, dict] = {
@@ -191,51 +186,8 @@ def differences(run: Run, args: argparse.Namespace, recorded: dict[str, dict]) -
     ]
 
 
-def usage_error(message: str, prog: str = PROG) -> NoReturn:
-    """One line on stderr, exit 2: the study cannot go on as asked."""
-    print(f"{prog}: error: {message}", file=sys.stderr)
-    raise SystemExit(2)
-
-
-def read_results(path: Path) -> dict[str, dict]:
-    """The results file's rows by run name (empty when there is no file)."""
-    return rows_by_name(path, figures.read_results(path)) if path.is_file() else {}
-
-
-def merge_results(path: Path, new: Sequence[dict]) -> None:
-    """Replace or add rows by name, keep the others, write atomically."""
-    rows = read_results(path) | {r["name"]: r for r in new}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows.values()))
-    tmp.replace(path)
-
-
-def _init_worker(threads: int) -> None:
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    if threads:
-        import torch
-
-        torch.set_num_threads(threads)
-
-
-def train_run(cfg: Config) -> Path:
-    """Train one run in this (worker) process, or resume it where it stopped (troll.harness: with no checkpoint
-    yet it starts from the beginning), its output to <out>/log.txt; its checkpoints are deleted once it is done."""
-    from troll.train import train
-
-    out = Path(cfg.out)
-    if (out / "summary.json").is_file():  # finished, its results row not yet written (the caller checked its settings)
-        return out
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "log.txt", "a") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-        train(replace(cfg, resume=True))
-    shutil.rmtree(out / "checkpoints", ignore_errors=True)
-    return out
-
-
 def execute(run: Run, cfg: Config) -> dict:
-    """Train one run (`train_run`); returns its results row."""
+    """Train one run (study.runner.train_run); returns its results row."""
     return collect(run, train_run(cfg))
 
 
@@ -257,7 +209,7 @@ def calibrate(args: argparse.Namespace) -> None:
     cfg = replace(config(run, args), out=str(Path(args.out) / f"calibration-{run.name}"))
     if Path(cfg.out).exists():
         shutil.rmtree(cfg.out)
-    with ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=_init_worker, initargs=(0,)) as pool:
+    with workers(1) as pool:
         t0 = time.time()
         row = pool.submit(execute, run, cfg).result()
         wall = time.time() - t0
@@ -275,6 +227,14 @@ def calibrate(args: argparse.Namespace) -> None:
     print(
         f"one run ({run.name}, {row['steps']} steps, a fresh worker process): {cal['wall_s']} s; update pass "
         f"{cal['update_pass_s']} s per RL step; written to {Path(args.out) / 'calibration.json'}"
+    )
+
+
+def progress(row: dict) -> str:
+    """A finished run's line: its accuracy before, after and at best, and its time."""
+    return (
+        f"{row['name']}: {row['eval_before']:.3f} -> {row['eval_after']:.3f} (best {row['eval_best']:.3f}) "
+        f"in {row['wall_clock_s']:.0f} s"
     )
 
 
@@ -335,16 +295,17 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         return []
     runs = grid(args)
     try:
-        recorded = read_results(Path(args.results))
+        recorded = read_rows(Path(args.results), figures.read_results)
         changed = {r.name: d for r in runs if (d := differences(r, args, recorded))}
     except (OSError, ValueError) as e:
-        usage_error(str(e))
+        fail(PROG, str(e))
     if changed:
         name, diff = next(iter(changed.items()))
         others = f" (and {len(changed) - 1} more runs)" if len(changed) > 1 else ""
-        usage_error(
+        fail(
+            PROG,
             f"run {name}{others} was made with other settings: {'; '.join(diff)}. Choose another --out and --results "
-            "for these settings, or delete the run to make it again"
+            "for these settings, or delete the run to make it again",
         )
     Path(args.out).mkdir(parents=True, exist_ok=True)  # after the checks: a refused study writes nothing
     todo = [r for r in runs if r.name not in recorded and not (Path(args.out) / r.name / "summary.json").is_file()]
@@ -363,19 +324,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     ]
     if done:
         merge_results(Path(args.results), done)  # rows of runs finished before, e.g. when the file was lost
-    threads = max(1, len(os.sched_getaffinity(0)) // args.jobs) if args.jobs > 1 else 0
-    ctx = get_context("spawn")
-    with ProcessPoolExecutor(args.jobs, mp_context=ctx, initializer=_init_worker, initargs=(threads,)) as pool:
-        futures = {pool.submit(execute, r, config(r, args)): r for r in todo}
-        for i, fut in enumerate(as_completed(futures), 1):
-            row = fut.result()
-            merge_results(Path(args.results), [row])
-            done.append(row)
-            print(
-                f"[{i}/{len(todo)}] {row['name']}: {row['eval_before']:.3f} -> {row['eval_after']:.3f} "
-                f"(best {row['eval_best']:.3f}) in {row['wall_clock_s']:.0f} s",
-                flush=True,
-            )
+    with workers(args.jobs) as pool:
+        done += run_all(pool, execute, [(r, config(r, args)) for r in todo], Path(args.results), progress)
     print(f"{len(done)} runs in {args.results}")
     return done
 

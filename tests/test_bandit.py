@@ -1,4 +1,5 @@
-"""The rare-token bandit (study/bandit.py) and the growth bound of one update (troll/growth.py).
+"""The rare-token bandit (study/bandit.py, its simulator study/bandit_sim.py) and the growth bound of one update
+(troll/growth.py).
 
 References are independent of the code under test: scipy's root finder and Lambert W for the growth bound,
 scipy's rel_entr over the whole vocabulary for the update KL, the Zipf formula for the initial rows.
@@ -18,6 +19,7 @@ from scipy.optimize import brentq
 from scipy.special import lambertw, rel_entr
 
 from study import bandit as b
+from study import bandit_sim as sim
 from troll.growth import clip_growth, kl_ball_growth, kl_bern
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,10 +79,10 @@ def test_kl_bern_and_bad_input():
 
 
 def test_initial_rows_are_zipf_with_the_good_token_at_the_stated_ranks():
-    init = b.initial_table(32_000, seed=3)
+    init = sim.initial_table(32_000, seed=3)
     assert init["ranks"] == [1, 4, 21, 68, 372] and init["decoy_ranks"] == [2, 3, 20, 67, 371]
     k = np.arange(1, 32_001, dtype=np.float64)
-    zipf = k**-b.ZIPF / (k**-b.ZIPF).sum()
+    zipf = k**-sim.ZIPF / (k**-sim.ZIPF).sum()
     p = torch.log_softmax(init["table"].double(), -1).exp().numpy()
     for c, (rank, target) in enumerate(zip(init["ranks"], b.TARGETS, strict=True)):
         np.testing.assert_allclose(np.sort(p[c])[::-1], zipf, rtol=1e-5)  # float32 logits
@@ -90,16 +92,16 @@ def test_initial_rows_are_zipf_with_the_good_token_at_the_stated_ranks():
         assert init["q0"][c] == pytest.approx(zipf[rank - 1]) and 0.7 < init["q0"][c] / target < 1.3
     assert zipf[0] == pytest.approx(0.296, abs=1e-3) and zipf[:64].sum() == pytest.approx(0.826, abs=1e-3)
     assert not torch.equal(init["table"][0], init["table"][1])
-    assert torch.equal(b.initial_table(32_000, seed=3)["table"], init["table"])
-    assert not torch.equal(b.initial_table(32_000, seed=4)["table"], init["table"])
+    assert torch.equal(sim.initial_table(32_000, seed=3)["table"], init["table"])
+    assert not torch.equal(sim.initial_table(32_000, seed=4)["table"], init["table"])
 
 
 def test_rewards_pay_as_stated():
     good, decoy = torch.tensor([5]), torch.tensor([7])
     tokens = torch.tensor([[5, 5, 7, 7, 1]])
     u = torch.tensor([[0.1, 0.7, 0.3, 0.5, 0.0]], dtype=torch.float64)
-    assert b.rewards(tokens, good, decoy, u, "clean").tolist() == [[1.0, 1.0, 0.0, 0.0, 0.0]]
-    assert b.rewards(tokens, good, decoy, u, "noisy").tolist() == [[1.0, 0.0, 1.0, 0.0, 0.0]]
+    assert sim.rewards(tokens, good, decoy, u, "clean").tolist() == [[1.0, 1.0, 0.0, 0.0, 0.0]]
+    assert sim.rewards(tokens, good, decoy, u, "noisy").tolist() == [[1.0, 0.0, 1.0, 0.0, 0.0]]
 
 
 def test_update_kl_is_the_exact_kl_over_the_vocabulary():
@@ -123,8 +125,8 @@ def test_losses_see_the_same_samples_across_a_seed():
     for x, y in zip(a, c, strict=True):
         same_row = (x["logp_old"] == y["logp_old"]).all(-1)
         assert torch.equal(x["tokens"][same_row], y["tokens"][same_row])
-    assert torch.equal(b.draws(1, 2, 5, 16)[0], b.draws(1, 2, 5, 16)[0])
-    assert not torch.equal(b.draws(1, 2, 5, 16)[0], b.draws(2, 2, 5, 16)[0])
+    assert torch.equal(sim.draws(1, 2, 5, 16)[0], sim.draws(1, 2, 5, 16)[0])
+    assert not torch.equal(sim.draws(1, 2, 5, 16)[0], sim.draws(2, 2, 5, 16)[0])
     other = b.bandit(SMALL, "troll-0.05", seed=2, steps=1, samples=16, trace=True)["trace"][0]["tokens"]
     assert not torch.equal(other, a[0]["tokens"])
 
@@ -133,7 +135,7 @@ def test_samples_follow_the_policy():
     """Inverse-CDF sampling: the empirical frequencies match the row's probabilities."""
     logp = torch.tensor([[0.5, 0.3, 0.2, 0.0]], dtype=torch.float64).log()
     u = torch.rand(1, 200_000, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    freq = torch.bincount(b.sample(logp, u)[0], minlength=4) / 200_000
+    freq = torch.bincount(sim.sample(logp, u)[0], minlength=4) / 200_000
     torch.testing.assert_close(freq.double(), logp.exp()[0], atol=5e-3, rtol=0)
 
 

@@ -1,4 +1,5 @@
-"""The off-policy study (study/offpolicy.py): its grid, the shared warm-start per seed, the paired report."""
+"""The off-policy study (study/offpolicy.py, offpolicy_grid.py, offpolicy_report.py): its grid, the shared warm-start
+per seed, the paired report."""
 
 import json
 import math
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from study import offpolicy
+from study import offpolicy, offpolicy_report
 
 
 def row(lr, source, anchor, loss, seed, before, after):
@@ -22,16 +23,16 @@ def test_paired_differences_and_their_t_interval():
     for seed, (clip, troll) in enumerate([(0.5, 0.6), (0.4, 0.6), (0.7, 1.0)]):
         rows += [row(1e-4, "stale8", "behaviour", "ppo_clip", seed, 0.45, clip)]
         rows += [row(1e-4, "stale8", "behaviour", "troll", seed, 0.45, troll)]
-    cells = {c["loss"]: c for c in offpolicy.paired(rows)}
+    cells = {c["loss"]: c for c in offpolicy_report.paired(rows)}
     diffs = [0.1, 0.2, 0.3]
     assert cells["troll"]["diff"] == pytest.approx(0.2)
     assert cells["troll"]["half"] == pytest.approx(4.302653 * 0.1 / math.sqrt(3), rel=1e-5)
     assert cells["troll"]["n"] == 3 and cells["troll"]["after"] == pytest.approx((0.6 + 0.6 + 1.0) / 3)
     assert cells["ppo_clip"]["below"] == 1  # seed 1 ended at 0.4 < 0.45
     assert cells["ppo_clip"]["diff"] == 0.0 and sum(diffs) / 3 == pytest.approx(cells["troll"]["diff"])
-    table = offpolicy.report(rows)
+    table = offpolicy_report.report(rows)
     assert "+0.200 ± 0.248" in table and "1/3" in table
-    against_troll = {c["loss"]: c for c in offpolicy.paired(rows, baseline="troll")}
+    against_troll = {c["loss"]: c for c in offpolicy_report.paired(rows, baseline="troll")}
     assert against_troll["ppo_clip"]["diff"] == pytest.approx(-0.2) and against_troll["troll"]["diff"] == 0.0
 
 
@@ -143,33 +144,33 @@ def test_best_against_best_picks_each_losss_best_setting_and_its_held_out_choice
     values = {("troll", "default"): [0.5, 0.6, 0.7], ("troll", "eps0.2"): [0.6, 0.8, 0.7],
               ("ppo_clip", "default"): [0.6, 0.6, 0.6], ("ppo_clip", "clip0.3"): [0.5, 0.9, 0.5]}  # fmt: skip
     rows = [sweep_row(loss, s, seed, v) for (loss, s), vs in values.items() for seed, v in enumerate(vs)]
-    assert offpolicy.best_settings(rows) == {(1e-4, "none", "recompute", "troll"): "eps0.2",
+    assert offpolicy_report.best_settings(rows) == {(1e-4, "none", "recompute", "troll"): "eps0.2",
                                              (1e-4, "none", "recompute", "ppo_clip"): "clip0.3"}  # fmt: skip
-    (cell,) = offpolicy.best_vs_best(rows)
+    (cell,) = offpolicy_report.best_vs_best(rows)
     assert (cell["best"], cell["best_baseline"], cell["n"]) == ("eps0.2", "clip0.3", 3)
     assert cell["diff"][0] == pytest.approx(0.2 / 3)
     assert cell["diff"][1] == pytest.approx(4.302653 * statistics.stdev([0.1, -0.1, 0.2]) / math.sqrt(3), rel=1e-5)
     assert cell["held_out"][0] == pytest.approx(0.5 / 3)
     assert cell["held_out"][1] == pytest.approx(4.302653 * statistics.stdev([0.1, 0.2, 0.2]) / math.sqrt(3), rel=1e-5)
-    table = offpolicy.report_best(rows)
+    table = offpolicy_report.report_best(rows)
     assert "| eps0.2 | 0.700 | clip0.3 | 0.633 | +0.067 ± 0.379 | +0.167 ± 0.143 |" in table
-    assert "troll eps0.2" in offpolicy.report(rows)  # the paired table names the setting
-    assert offpolicy.report_best([r for r in rows if r["setting"] == "default"]) == ""  # nothing swept
+    assert "troll eps0.2" in offpolicy_report.report(rows)  # the paired table names the setting
+    assert offpolicy_report.report_best([r for r in rows if r["setting"] == "default"]) == ""  # nothing swept
 
 
 def test_adoption_is_the_first_step_past_the_threshold_and_is_paired_like_accuracy():
-    assert offpolicy.adoption_step({"behaviour_rate": [0.01, 0.2, 0.6, 0.9]}) == 3
-    assert offpolicy.adoption_step({"behaviour_rate": [0.01, 0.2, 0.6, 0.9]}, threshold=0.1) == 2
-    assert offpolicy.adoption_step({"behaviour_rate": [0.01, 0.02]}) == 3  # never: censored at steps + 1
+    assert offpolicy_report.adoption_step({"behaviour_rate": [0.01, 0.2, 0.6, 0.9]}) == 3
+    assert offpolicy_report.adoption_step({"behaviour_rate": [0.01, 0.2, 0.6, 0.9]}, threshold=0.1) == 2
+    assert offpolicy_report.adoption_step({"behaviour_rate": [0.01, 0.02]}) == 3  # never: censored at steps + 1
     rates = {"troll": [[0.0, 0.6], [0.0, 0.0], [0.7, 0.8]], "ppo_clip": [[0.0, 0.0], [0.0, 0.0], [0.0, 0.9]]}
     rows = [sweep_row(loss, "default", s, 0.5, r) for loss, rs in rates.items() for s, r in enumerate(rs)]
-    cells = {c["loss"]: c for c in offpolicy.paired(rows)}
+    cells = {c["loss"]: c for c in offpolicy_report.paired(rows)}
     assert cells["troll"]["adopt"] == pytest.approx((2 + 3 + 1) / 3) and cells["troll"]["adopted"] == 2
     assert cells["troll"]["adopt_diff"][0] == pytest.approx((-1 + 0 - 1) / 3)  # seeds: 2-3, 3-3, 1-2
     assert cells["ppo_clip"]["rate_last"] == pytest.approx(0.3)
     assert cells["troll"]["rate_diff"][0] == pytest.approx((0.6 + 0.0 - 0.1) / 3)  # last steps, seed by seed
     assert cells["troll"]["rate_diff"][1] == pytest.approx(4.302653 * statistics.stdev([0.6, 0.0, -0.1]) / math.sqrt(3))
-    assert "| troll | 3 | 0.233 | 0.467 | +0.167 ± 0.940 | 2.0 | -0.7 ± 1.4 | 2/3 |" in offpolicy.report(rows)
+    assert "| troll | 3 | 0.233 | 0.467 | +0.167 ± 0.940 | 2.0 | -0.7 ± 1.4 | 2/3 |" in offpolicy_report.report(rows)
 
 
 @pytest.mark.slow
@@ -220,16 +221,16 @@ def test_lora_against_full_fine_tuning_each_at_its_own_best_learning_rate():
               ("lora8", 1e-3): [0.7, 0.4, 0.8], ("lora8", 3e-3): [0.6, 0.6, 0.55]}  # fmt: skip
     rows = [sweep_row("troll", s, seed, v) | {"lr": lr, "wall_clock_s": 20.0}
             for (s, lr), vs in values.items() for seed, v in enumerate(vs)]  # fmt: skip
-    (cell,) = offpolicy.lora_vs_full(rows)
+    (cell,) = offpolicy_report.lora_vs_full(rows)
     assert (cell["lr"], cell["lr_full"], cell["n"], cell["loss"]) == (1e-3, 1e-4, 3, "troll")
     assert cell["after"] == pytest.approx(1.9 / 3) and cell["after_baseline"] == pytest.approx(0.6)
     assert cell["diff"][0] == pytest.approx(0.1 / 3)
     assert cell["diff"][1] == pytest.approx(4.302653 * statistics.stdev([0.2, -0.2, 0.1]) / math.sqrt(3), rel=1e-5)
     assert cell["held_out"][0] == pytest.approx(0.25 / 3)
     assert cell["held_out"][1] == pytest.approx(4.302653 * statistics.stdev([0.2, -0.2, 0.25]) / math.sqrt(3), rel=1e-5)
-    table = offpolicy.report_lora(rows)
+    table = offpolicy_report.report_lora(rows)
     assert "| troll | none | LoRA (lora8) | **0.001** | 3 | 0.633 | +0.333 | 0/3 | 0.0100 | 20 |" in table
     assert "| troll | none | full (default) | 0.0003 | 3 | 0.500 | +0.200 | 0/3 |" in table  # 0.3 is not below 0.3
     assert "| 0.001 | 0.633 | 0.0001 | 0.600 | 3 | +0.033 ± 0.517 | +0.083 ± 0.613 |" in table
-    assert offpolicy.report_lora([r for r in rows if r["setting"] == "default"]) == ""  # no LoRA ran
-    assert offpolicy.best_vs_best(rows) == []  # the learning rate is not a trust-region setting
+    assert offpolicy_report.report_lora([r for r in rows if r["setting"] == "default"]) == ""  # no LoRA ran
+    assert offpolicy_report.best_vs_best(rows) == []  # the learning rate is not a trust-region setting
