@@ -225,7 +225,8 @@ def _pm(d: float, h: float, fmt: str = "+.3f") -> str:
 
 
 def report(rows: Sequence[dict], baseline: str = BASELINE) -> str:
-    """The paired table and the best-against-best table as markdown."""
+    """The paired table and the best-against-best tables (against the best PPO-clip, and against TROLL's best) as
+    markdown."""
     lines = [
         f"| cell | variant | seeds | steps to {THRESHOLD} at q0 {TARGETS[FOCUS]:g} | vs {baseline} (95% CI) | auc | "
         f"vs {baseline} (95% CI) | final reward | update KL mean | update KL max | collapsed |",
@@ -240,15 +241,16 @@ def report(rows: Sequence[dict], baseline: str = BASELINE) -> str:
             f"{'-' if base else _pm(c['d_auc'], c['h_auc'])} | {c['final']:.3f} | {c['kl_mean']:.4f} | "
             f"{c['kl_max']:.3f} | {c['collapsed']}/{c['n']} |"
         )
-    lines += [
-        "",
-        "| cell | loss | its best setting | auc | vs the best PPO-clip (95% CI) | steps: vs the best PPO-clip |",
-        "|---|---|---|---|---|---|",
-    ]
-    for b in best_vs_best(rows):
-        vs = "-" if b["loss"] == "ppo_clip" else _pm(b["d_auc"], b["h_auc"])
-        steps = "-" if b["loss"] == "ppo_clip" else _pm(b["d_steps"], b["h_steps"], "+.1f")
-        lines.append(f"| {b['cell']} | {b['loss']} | {b['best']} | {b['auc']:.3f} | {vs} | {steps} |")
+    for family_, name in (("ppo_clip", "the best PPO-clip"), ("troll", "TROLL's best")):
+        lines += [
+            "",
+            f"| cell | loss | its best setting | auc | vs {name} (95% CI) | steps: vs {name} |",
+            "|---|---|---|---|---|---|",
+        ]
+        for b in best_vs_best(rows, family_):
+            vs = "-" if b["loss"] == family_ else _pm(b["d_auc"], b["h_auc"])
+            steps = "-" if b["loss"] == family_ else _pm(b["d_steps"], b["h_steps"], "+.1f")
+            lines.append(f"| {b['cell']} | {b['loss']} | {b['best']} | {b['auc']:.3f} | {vs} | {steps} |")
     return "\n".join(lines)
 
 
