@@ -99,6 +99,7 @@ def figure(runs: Sequence[str | Path], keys: Sequence[str] = DEFAULT_KEYS) -> Fi
     run one colour throughout, one legend for the figure. None when no run logged any of `keys`."""
     from matplotlib.figure import Figure  # no pyplot: leaves a notebook's inline backend alone
     from matplotlib.lines import Line2D
+    from matplotlib.ticker import MaxNLocator
 
     data = read_runs(runs)
     panels = curves(data, keys)  # every value checked before anything is drawn
@@ -114,6 +115,7 @@ def figure(runs: Sequence[str | Path], keys: Sequence[str] = DEFAULT_KEYS) -> Fi
             ax.plot(*zip(*pts, strict=True), color=colour[name], marker="o" if len(pts) < 20 else None, ms=3)
         ax.set_title(key, fontsize=10)
         ax.set_ylabel(PANELS.get(key, key), fontsize=8)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # RL steps
         ax.tick_params(labelsize=8)
         ax.grid(alpha=0.3)
     for ax in axes[len(panels) :]:  # the last row's empty cells
