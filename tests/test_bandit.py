@@ -62,6 +62,21 @@ def test_small_q_asymptote_and_the_clip():
     assert bool((kl_ball_growth(q[:3], eps) > clip_growth(q[:3], 0.2)).all())  # the ball allows more below ~0.7
 
 
+def test_the_quoted_growth_factors():
+    """The figures quoted at eps = 0.05 (troll/growth.py, docs/algorithm.md section 11, docs/results.md): the root's
+    growth factor x* / q is 8.1 at q = 0.005 and 129 at 1e-4; the Lambert-W form gives 8.2 and 129, within 0.8%; the
+    leading order (eps / q) / log(eps / q) only 4.3 and 80, so that form is not where the figures come from."""
+    eps = 0.05
+    for q, root_quoted, w_quoted, short_quoted in ((0.005, 8.1, 8.2, 4.3), (1e-4, 129, 129, 80)):
+        root = float(kl_ball_growth(torch.tensor(q, dtype=torch.float64), eps)) / q
+        lambert = (eps / q - 1) / lambertw((eps / q - 1) / math.e).real
+        short = (eps / q) / math.log(eps / q)
+        digits = 1 if root < 100 else 0
+        assert round(root, digits) == root_quoted and round(lambert, digits) == w_quoted, (q, root, lambert)
+        assert round(short, digits) == short_quoted, (q, short)
+        assert abs(lambert / root - 1) < 0.008 and short / root < 0.63  # W: close; the log alone: about half
+
+
 def test_kl_bern_and_bad_input():
     assert float(
         kl_bern(torch.tensor(0.3, dtype=torch.float64), torch.tensor(0.1, dtype=torch.float64))

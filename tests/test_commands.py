@@ -18,6 +18,7 @@ import pytest
 
 from study import figures
 from study import run as study_run
+from troll.plot import figure
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD = {"question": "What is 6 * 7?", "answer": "6 * 7 = 42\n#### 42"}
@@ -169,9 +170,13 @@ def test_plot_tolerates_a_torn_last_line(tmp_path):
     (run / "metrics.jsonl").write_text('{"step": 0, "eval_acc": 0.2}\n{"step": 1, "reward": 0.5}\n{"step": 2, "rew')
     result = plot(str(run), "--out", str(tmp_path / "p"))
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
-    assert sorted(p.name for p in (tmp_path / "p").iterdir()) == ["eval_acc.png", "reward.png"]
+    assert sorted(p.name for p in (tmp_path / "p").iterdir()) == ["metrics.png"]
+    assert result.stdout.strip() == str(tmp_path / "p" / "metrics.png")
     (warning,) = result.stderr.strip().splitlines()
     assert f"{run / 'metrics.jsonl'} line 3: skipped a torn last line" in warning
+    with pytest.warns(UserWarning, match="torn last line"):  # the figure's panels: the complete rows' metrics
+        fig = figure([run])
+    assert [ax.get_title() for ax in fig.axes] == ["reward", "eval_acc"]
 
 
 def test_plot_out_is_a_file_and_two_runs_of_one_name(tmp_path):

@@ -212,7 +212,9 @@ def test_tiny_cpu_run_learns(tmp_path):
 
 
 def test_plot_overlays_runs(tmp_path):
-    from troll.plot import plot_runs, read_metrics, series
+    """One figure, <out>/metrics.png: a panel per metric some run logged, each run one colour in every panel, one
+    legend; the task's behaviour_rate gets its panel when a run logs it (tiny-rare), only that run's curve."""
+    from troll.plot import figure, plot_runs, read_metrics, series
 
     for name, kl in (("troll", 0.05), ("clip", 0.3)):
         (tmp_path / name).mkdir()
@@ -222,8 +224,24 @@ def test_plot_overlays_runs(tmp_path):
         (tmp_path / name / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     assert series(read_metrics(tmp_path / "troll"), "eval_acc") == [(0, 0.2), (5, 0.4)]  # the curve starts at 0
     written = plot_runs([tmp_path / "troll", tmp_path / "clip"], tmp_path / "plots")
-    assert sorted(p.name for p in written) == ["eval_acc.png", "kl_after_max.png", "reward.png"]
-    assert all(p.stat().st_size > 1000 for p in written)
+    assert written == tmp_path / "plots" / "metrics.png" and written.stat().st_size > 1000
+    assert [p.name for p in (tmp_path / "plots").iterdir()] == ["metrics.png"]  # one figure, nothing else
+    fig = figure([tmp_path / "troll", tmp_path / "clip"])
+    assert [ax.get_title() for ax in fig.axes] == ["reward", "eval_acc", "kl_after_max"]
+    assert [[line.get_color() for line in ax.lines] for ax in fig.axes] == [["C0", "C1"]] * 3  # a colour per run
+    assert len(fig.legends) == 1 and [t.get_text() for t in fig.legends[0].get_texts()] == ["troll", "clip"]
+    assert all(ax.get_legend() is None for ax in fig.axes)  # the legend once, for the figure
+    eval_acc = fig.axes[1].lines[0].get_xydata().tolist()
+    assert eval_acc == [[0, 0.2], [5, 0.4]]
+
+    with (tmp_path / "troll" / "metrics.jsonl").open("a") as f:  # a tiny-rare run logs its behaviour's rate
+        f.write("".join(json.dumps({"step": s, "behaviour_rate": s / 20}) + "\n" for s in range(1, 6)))
+    fig = figure([tmp_path / "troll", tmp_path / "clip"])
+    assert [ax.get_title() for ax in fig.axes] == ["reward", "eval_acc", "behaviour_rate", "kl_after_max"]
+    assert [line.get_color() for line in fig.axes[2].lines] == ["C0"]  # the run that logged it
+    assert figure([tmp_path / "clip"], keys=("behaviour_rate",)) is None  # nothing to draw: no figure
+    assert plot_runs([tmp_path / "clip"], tmp_path / "none", keys=("behaviour_rate",)) is None
+    assert not (tmp_path / "none").exists()
     with pytest.raises(FileNotFoundError, match="run directory .*nope does not exist"):
         plot_runs([tmp_path / "nope"], tmp_path / "plots")
     (tmp_path / "empty").mkdir()

@@ -37,6 +37,9 @@ Checks, each "passed", "FAILED" or "not applicable (why)":
     resume        the resumed process continued from the checkpoint and wrote step steps + 1
 Measured, not checked (times are this machine's): seconds per phase, and TROLL / PPO-clip update time.
 
+The run is watched with troll/watch.py (a Generator and a loss wrapped around the run's own, and what needs its
+live objects after it); this module draws the checks from what that recorded, one function a check.
+
 The report goes to <out>/report.json and <out>/report.md; the table is printed. Exit status 0 when every check
 passed or does not apply, 1 with one line naming the failed checks otherwise, 2 for a bad flag.
 """
@@ -123,13 +126,11 @@ if __name__ == "__main__":
 
 import contextlib  # noqa: E402
 import dataclasses  # noqa: E402
-import gc  # noqa: E402
 import importlib.metadata  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import platform  # noqa: E402
 import subprocess  # noqa: E402
-from collections.abc import Callable  # noqa: E402
 from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
@@ -137,10 +138,7 @@ import torch  # noqa: E402
 from troll import memory  # noqa: E402
 from troll.cli import run_command  # noqa: E402
 from troll.config import Config  # noqa: E402
-from troll.diagnostics import proc_status_bytes, reset_peak_rss  # noqa: E402
-from troll.head import LMHead  # noqa: E402
-from troll.losses import LOSSES  # noqa: E402
-from troll.rollout import Batch, Generator, Rollouts  # noqa: E402
+from troll.watch import measure, write_json  # noqa: E402
 
 PASSED, FAILED, MEASURED = "passed", "FAILED", "measured"
 
@@ -244,169 +242,33 @@ def run_config(args: argparse.Namespace, model: str, data: str, device: str, bac
     )
 
 
-# ----------------------------------------------------------------------------- what the run is watched with
+def prepare(args: argparse.Namespace, out: Path) -> tuple[Config, str | None, str, str]:
+    """(the run's config, its architecture name, how the model and the data were chosen); the config and
+    --repeats go to <out>/check.json, which troll.watch.measure reads."""
+    device = "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
+    has_vllm = importlib.util.find_spec("vllm") is not None
+    backend = ("vllm" if has_vllm else "hf") if args.backend == "auto" else args.backend
+    preset = PRESETS[args.preset]
+    data, data_note = pick_data(args, preset)
+    model, model_note, arch = pick_model(args, preset, data, out)
+    cfg = run_config(args, model, data, device, backend)
+    write_json(out / "check.json", {"config": dataclasses.asdict(cfg), "repeats": args.repeats})
+    return cfg, arch, model_note, data_note
 
 
-def _memory_now(cuda: bool) -> int:
-    return torch.cuda.memory_allocated() if cuda else proc_status_bytes("VmRSS")
+# ----------------------------------------------------------------------------- the watched run and the resume
 
 
-class Recorder:
-    """A Generator around the run's own: times its calls, keeps the weight-sync figure of every push, the memory
-    of each update window (end of a rollout to the next push) and, on a GPU, the free memory around sleep and
-    wake. Keeps the model of the last push and the last rollouts, for the update comparison."""
-
-    def __init__(self, inner: Generator, cfg: Config) -> None:
-        self.inner, self.cfg = inner, cfg
-        self.cuda = cfg.device == "cuda"
-        self.vllm = type(inner).__name__ == "VLLMGenerator"
-        self.vocab_size: int = inner.vocab_size  # type: ignore[attr-defined]
-        self.times: dict[str, float] = {"generate": 0.0, "greedy": 0.0, "push": 0.0}
-        self.sync: list[float] = []
-        self.windows: list[dict] = []  # per RL step: baseline and peak bytes, micro-batch tokens
-        self.free_awake: list[int] = []  # GPU free bytes after each push (engine awake) and after each rollout
-        self.free_asleep: list[int] = []
-        self.model: Any = None
-        self.last: Rollouts | None = None
-        self._window: dict | None = None
-        self.process_peak = 0  # CPU: the largest VmHWM seen (each window resets it)
-
-    def _free(self) -> int:
-        torch.cuda.synchronize()
-        return torch.cuda.mem_get_info()[0]
-
-    def generate(self, prompts: list[list[int]], n: int, max_new_tokens: int, temperature: float = 1.0,
-                 top_k_logprobs: int = 0, seed: int | None = None) -> Rollouts:  # fmt: skip
-        t0 = time.perf_counter()
-        ro = self.inner.generate(prompts, n, max_new_tokens, temperature, top_k_logprobs, seed)
-        self.times["generate"] += time.perf_counter() - t0
-        if self.cuda and self.vllm:
-            self.free_asleep.append(self._free())
-        self.last = ro
-        gc.collect()
-        if self.cuda:
-            torch.cuda.reset_peak_memory_stats()
-        else:
-            self.process_peak = max(self.process_peak, proc_status_bytes("VmHWM"))
-            reset_peak_rss()
-        self._window = {"baseline": _memory_now(self.cuda), "tokens": update_tokens(self.cfg, ro),
-                        "anchor_rows": anchor_rows(self.cfg, ro)}  # fmt: skip
-        return ro
-
-    def greedy(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-        t0 = time.perf_counter()
-        out = self.inner.greedy(prompts, max_new_tokens)
-        self.times["greedy"] += time.perf_counter() - t0
-        return out
-
-    def push_weights(self, model: Any) -> None:
-        if self._window is not None:  # the end of an update window
-            peak = torch.cuda.max_memory_allocated() if self.cuda else proc_status_bytes("VmHWM")
-            self.windows.append(self._window | {"peak": peak})
-            self._window = None
-        t0 = time.perf_counter()
-        self.inner.push_weights(model)
-        self.times["push"] += time.perf_counter() - t0
-        self.model = model
-        if self.vllm:
-            self.sync.append(self.inner.last_sync_error)  # type: ignore[attr-defined]
-            if self.cuda:
-                self.free_awake.append(self._free())
-
-    def close(self) -> None:
-        """Shut a vLLM engine down (its memory is freed) and drop it."""
-        if self.vllm:
-            self.inner.close()  # type: ignore[attr-defined]
-        self.inner = None  # type: ignore[assignment]
-        gc.collect()
-
-
-def update_tokens(cfg: Config, ro: Rollouts) -> tuple[int, float]:
-    """(padded tokens of the update's largest micro-batch, their completion share) for rollouts `ro`, as
-    troll.train.update splits them: minibatches of ceil(B / minibatches) samples, micro-batches by padded tokens."""
-    width = max(len(p) for p in ro.prompt_ids) + ro.completion_ids.shape[1]
-    rows = min(max(1, cfg.micro_batch_tokens // width), math.ceil(len(ro) / cfg.minibatches))
-    return rows * width, ro.completion_ids.shape[1] / width
-
-
-def anchor_rows(cfg: Config, ro: Rollouts) -> int:
-    """Completion rows of the old policy's largest micro-batch for rollouts `ro` (troll.train.old_policy splits the
-    whole batch with `Rollouts.micro_batches`)."""
-    return max(len(rows) for rows in ro.micro_batches(cfg.micro_batch_tokens)) * ro.completion_ids.shape[1]
-
-
-class LossWatch:
-    """The run's loss, called as is; records whether it got the chunked output layer, the hidden states' dtype,
-    and whether its value is finite."""
-
-    def __init__(self, loss: Callable) -> None:
-        self.loss = loss
-        self.calls = self.chunked = self.finite = 0
-        self.dtypes: set[str] = set()
-
-    def __call__(self, logits: Any, *args: Any, **kwargs: Any) -> Any:
-        self.calls += 1
-        if isinstance(logits, LMHead):
-            self.chunked += 1
-            self.dtypes.add(str(logits.hidden.dtype).removeprefix("torch."))
-        else:
-            self.dtypes.add(str(logits.dtype).removeprefix("torch."))
-        value, metrics = self.loss(logits, *args, **kwargs)
-        self.finite += bool(torch.isfinite(value.detach()).item())
-        return value, metrics
-
-
-# ----------------------------------------------------------------------------- phases after the run
-
-
-def compare_updates(cfg: Config, rec: Recorder, repeats: int) -> dict[str, Any]:
-    """TROLL's and PPO-clip's `update` on the run's last rollouts and trained model, interleaved troll, clip, clip,
-    troll per repeat after one untimed warm-up update, with plain SGD at learning rate 0 (the weights stay as they
-    are; both pay the same step).
-    Advantages alternate +1 / -1 (a random model's rewards are mostly 0, which would make every advantage 0)."""
-    from troll.train import old_policy, update
-
-    model, ro = rec.model, rec.last
-    adv = torch.tensor([1.0 if b % 2 == 0 else -1.0 for b in range(len(ro))])
-    gen = torch.Generator().manual_seed(cfg.seed)
-    batch = Batch(ro, torch.zeros(len(ro)), adv, gen.get_state(), 0.0, 0.0)
-    old = old_policy(cfg, model, ro, rec.vocab_size)
-    minibatches = list(torch.randperm(len(ro), generator=gen).chunk(cfg.minibatches))
-    opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0)
-    times: dict[str, list[float]] = {"troll": [], "ppo_clip": []}
-    update(cfg, model, opt, sched, batch, old, minibatches, LOSSES[cfg.loss])  # warm-up, not timed
-    for _ in range(repeats):
-        for loss in ("troll", "ppo_clip", "ppo_clip", "troll"):
-            c = dataclasses.replace(cfg, loss=loss)
-            t0 = time.perf_counter()
-            update(c, model, opt, sched, batch, old, minibatches, LOSSES[loss])
-            if c.device == "cuda":
-                torch.cuda.synchronize()
-            times[loss].append(time.perf_counter() - t0)
-    mean = {k: sum(v) / len(v) for k, v in times.items()}
-    return {"troll_s": mean["troll"], "ppo_clip_s": mean["ppo_clip"], "ratio": mean["troll"] / mean["ppo_clip"],
-            "updates_each": len(times["troll"]), "samples": len(ro), "each_s": times}  # fmt: skip
-
-
-def perturbed_push(rec: Recorder) -> tuple[float, float]:
-    """Push weights visibly different from the last push (the output layer doubled), so that a push the engine did
-    not take would show, then put them back (halved: exact) and push again. Returns (how far the change moved the
-    trainer's probe log-probs, the engine's difference from the trainer after the push); push_weights raises if
-    its own check fails."""
-    gen, model = rec.inner, rec.model
-    before = gen.probe_logprobs(model)[1]  # type: ignore[attr-defined]
-    weight = model.get_output_embeddings().weight
-    with torch.no_grad():
-        weight.mul_(2.0)
-    try:
-        gen.push_weights(model)
-        engine, ref = gen.probe_logprobs(model)  # type: ignore[attr-defined]
-    finally:
-        with torch.no_grad():
-            weight.mul_(0.5)
-    gen.push_weights(model)
-    return float((ref - before).abs().max()), float((engine - ref).abs().max())
+def run_watched(out: Path, isolate: bool) -> dict:
+    """troll.watch.measure's figures for <out>/check.json: in a child process (`--measure`) when `isolate`, whose
+    memory is returned before the resume starts (in-process, vLLM keeps the trainer's model and optimiser alive
+    after the run), else in this process (tests)."""
+    if not isolate:
+        return measure(out)
+    cmd = [sys.executable, "-m", "troll.check", "--measure", str(out)]
+    subprocess.run(cmd, env=dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(1 << 20)))
+    path = out / "measure.json"
+    return json.loads(path.read_text()) if path.is_file() else {"error": "the run's process died", "times": {}}
 
 
 def resume(cfg: Config, out: Path) -> tuple[bool, str, float]:
@@ -420,7 +282,82 @@ def resume(cfg: Config, out: Path) -> tuple[bool, str, float]:
     return res.returncode == 0, (lines[-1] if lines else "no output")[-300:], time.perf_counter() - t0
 
 
-# ----------------------------------------------------------------------------- checks and the report
+# ----------------------------------------------------------------------------- the checks, each a report line
+
+
+def line(name: str, status: str, detail: str = "") -> dict[str, str]:
+    """One row of the report: the check's name, its status (passed, FAILED, not applicable (why), measured), detail."""
+    return {"name": name, "status": status, "detail": detail}
+
+
+def step_rows(run: Path) -> list[dict]:
+    """The RL steps' rows of <run>/metrics.jsonl (no evaluation rows); none before the file exists."""
+    from troll.checkpoint import read_jsonl
+
+    path = run / "metrics.jsonl"
+    return [r for r in read_jsonl(path) if "eval_acc" not in r] if path.is_file() else []
+
+
+def check_run(cfg: Config, m: dict, rows: list[dict]) -> dict[str, str]:
+    """The run finished: no error, a row for every step, summary.json."""
+    error, params = m["error"], m.get("params", 0)
+    finished = error is None and (Path(cfg.out) / "summary.json").is_file() and len(rows) == cfg.steps
+    return line("run", PASSED if finished else FAILED, error or f"{cfg.steps} RL steps, evaluations at 0 and "
+                f"{cfg.steps}, checkpoints, summary.json; {params / 1e6:.1f}M parameters")  # fmt: skip
+
+
+def check_weight_sync(m: dict) -> dict[str, str]:
+    """vLLM: every push's probe within the tolerance, and a push of visibly changed weights taken."""
+    error = m["error"]
+    if not m.get("vllm"):
+        return line("weight sync", na("transformers backend: the trainer samples itself"))
+    if error:
+        return line("weight sync", FAILED, error if "disagree" in error else f"the run failed first: {error}")
+    if "perturbed_error" in m:
+        return line("weight sync", FAILED, m["perturbed_error"])
+    tol, sync, (moved, err) = m["sync_tol"], m["sync"], m["perturbed"]
+    ok = bool(sync) and max(sync) <= tol and err <= tol and moved > 10 * tol
+    return line("weight sync", PASSED if ok else FAILED, f"{len(sync)} pushes in the run, max abs dlogp "
+                f"{max(sync):.2g}; a push of changed weights (the probe moved by {moved:.2g}) was taken, dlogp "
+                f"{err:.2g} (tolerance {tol:g})")  # fmt: skip
+
+
+def check_sleep_wake(cfg: Config, m: dict) -> dict[str, str]:
+    """vLLM on a GPU: each sleep frees at least half the engine's share, each wake takes back what it freed (20%)."""
+    if cfg.device == "cpu":
+        return line("sleep/wake", na("CPU: vLLM's sleep mode is GPU-only"))
+    if not m.get("vllm"):
+        return line("sleep/wake", na("no vLLM engine"))
+    share = cfg.vllm_gpu_memory * torch.cuda.get_device_properties(0).total_memory
+    awake, asleep = m["free_awake"], m["free_asleep"]
+    freed = [s - a for a, s in zip(awake, asleep, strict=False)]
+    restored = [s - a for s, a in zip(asleep, awake[1:], strict=False)]
+    ok = bool(freed) and all(f >= 0.5 * share for f in freed)
+    ok = ok and all(abs(r - f) <= 0.2 * f for f, r in zip(freed, restored, strict=False))
+    gib = lambda xs: "/".join(f"{x / memory.GIB:.1f}" for x in xs)  # noqa: E731
+    return line("sleep/wake", PASSED if ok else FAILED, f"freed {gib(freed)} GiB, restored {gib(restored)} GiB "
+                f"(engine share {share / memory.GIB:.1f} GiB)")  # fmt: skip
+
+
+def check_finite_loss(cfg: Config, m: dict, rows: list[dict]) -> dict[str, str]:
+    """Every loss call's value, and every step's loss and gradient norm (run and resume), finite; no step skipped."""
+    watch = m["watch"]
+    losses = [r["policy"] for r in rows] + [r.get("grad_norm", 0.0) for r in rows]
+    finite = watch["calls"] > 0 and watch["finite"] == watch["calls"] and all(math.isfinite(x) for x in losses)
+    finite = finite and not any(r["skipped"] for r in rows)
+    how = f"under bf16 autocast (hidden states {', '.join(watch['dtypes'])})" if cfg.bf16 else "float32, bf16 off"
+    return line("finite loss", PASSED if finite else FAILED, f"{watch['finite']} of {watch['calls']} loss calls "
+                f"finite, {len(rows)} steps' gradient norms; {how}")  # fmt: skip
+
+
+def check_chunked_head(cfg: Config, m: dict) -> dict[str, str]:
+    """Every loss call got the chunked output layer (an LMHead), where the preset chunks it."""
+    watch = m["watch"]
+    if cfg.logits_chunk == 0:
+        return line("chunked head", na("the preset uses full logits"))
+    in_use = watch["calls"] > 0 and watch["chunked"] == watch["calls"]
+    return line("chunked head", PASSED if in_use else FAILED, f"{watch['chunked']} of {watch['calls']} loss calls "
+                f"got an LMHead, {cfg.logits_chunk} rows a chunk")  # fmt: skip
 
 
 def memory_check(cfg: Config, arch: str | None, windows: list[dict], device: str, params: int) -> tuple[str, str, dict]:
@@ -459,10 +396,38 @@ def memory_check(cfg: Config, arch: str | None, windows: list[dict], device: str
     return status, f"{what}, measured / predicted: {detail}", {"what": what, "steps": rows}
 
 
-def step_rows(run: Path) -> list[dict]:
-    from troll.checkpoint import read_jsonl
+def check_memory(cfg: Config, arch: str | None, m: dict) -> tuple[dict[str, str], dict]:
+    """`memory_check` on the run's update windows: (the report line, the per-step figures)."""
+    status, detail, data = memory_check(cfg, arch, m.get("windows", []), cfg.device, m.get("params", 0))
+    return line("memory", status, detail), data
 
-    return [r for r in read_jsonl(run / "metrics.jsonl") if "eval_acc" not in r]
+
+def check_resume(cfg: Config, rows: list[dict], resumed: tuple[bool, str, float]) -> dict[str, str]:
+    """The resumed process exited 0 and wrote step steps + 1 after the run's steps."""
+    ok, last, _ = resumed
+    ok = ok and [r["step"] for r in rows] == list(range(1, cfg.steps + 2))
+    return line("resume", PASSED if ok else FAILED, f"step {cfg.steps + 1} written by a resumed process; {last}")
+
+
+def check_update_time(u: dict | None) -> dict[str, str]:
+    """TROLL's update time over PPO-clip's on the same batch (measured, not checked)."""
+    return line("TROLL / clip update time", MEASURED, f"{u['ratio']:.3f} ({u['troll_s']:.1f} s / "
+                f"{u['ppo_clip_s']:.1f} s, {u['updates_each']} updates each, {u['samples']} samples)"
+                if u else "not run")  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- the report
+
+
+def step_times(rows: list[dict]) -> dict[str, float]:
+    """Seconds per RL step in each phase, the mean over the run's and the resume's steps."""
+    keys = ("time_generate", "time_score", "time_old_policy", "time_update", "time_sync")
+    return {f"per step: {k.removeprefix('time_')}": sum(r[k] for r in rows) / len(rows) for k in keys} if rows else {}
+
+
+def verdict(checks: list[dict]) -> str:
+    failed = [c["name"] for c in checks if c["status"] == FAILED]
+    return "FAILED: " + ", ".join(failed) if failed else "passed"
 
 
 def write_report(out: Path, report: dict) -> str:
@@ -478,158 +443,45 @@ def write_report(out: Path, report: dict) -> str:
     return md
 
 
-def measure(out: Path) -> dict:
-    """The run and what needs its live objects, for the settings in <out>/check.json: train with the Recorder and
-    LossWatch, the pushed-weights test, the update comparison. Returns the figures (and writes <out>/measure.json);
-    an exception inside the run is recorded as `error`."""
-    spec = json.loads((out / "check.json").read_text())
-    cfg = Config(**spec["config"])
-    from troll.train import train
-
-    watch = LossWatch(LOSSES[cfg.loss])
-    recs: list[Recorder] = []
-    res: dict[str, Any] = {"error": None, "times": {}}
-    t0 = time.perf_counter()
-    try:
-        train(cfg, watch, lambda g: recs.append(Recorder(g, cfg)) or recs[-1])
-    except Exception as e:  # a failure inside the run is this check's finding: report it
-        res["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
-    res["times"]["run (total)"] = time.perf_counter() - t0
-    rec = recs[0] if recs else None
-    res["watch"] = {"calls": watch.calls, "chunked": watch.chunked, "finite": watch.finite,
-                    "dtypes": sorted(watch.dtypes)}  # fmt: skip
-    if rec is None:
-        return _write(out / "measure.json", res)
-    res |= {"vllm": rec.vllm, "sync": rec.sync, "windows": rec.windows, "times_greedy": rec.times["greedy"]}
-    res |= {"free_awake": rec.free_awake, "free_asleep": rec.free_asleep}
-    params = list(rec.model.parameters()) if rec.model is not None else []
-    res["params"] = sum(p.numel() for p in params)
-    res["trained_params"] = sum(p.numel() for p in params if p.requires_grad)  # LoRA: the adapters
-    if rec.vllm and res["error"] is None:
-        res["sync_tol"] = rec.inner.sync_tol  # type: ignore[attr-defined]
-        try:
-            res["perturbed"] = perturbed_push(rec)
-        except RuntimeError as e:
-            res["perturbed_error"] = str(e)
-    if rec.model is not None and rec.last is not None and res["error"] is None:
-        t0 = time.perf_counter()
-        rec.close()
-        res["update_time"] = compare_updates(cfg, rec, spec["repeats"])
-        res["times"]["TROLL vs clip updates"] = time.perf_counter() - t0
-    if not rec.cuda:
-        res["peak_rss_gib"] = max(rec.process_peak, proc_status_bytes("VmHWM")) / memory.GIB
-    return _write(out / "measure.json", res)
-
-
-def _write(path: Path, obj: dict) -> dict:
-    path.write_text(json.dumps(obj, indent=1, default=str) + "\n")
-    return obj
-
-
 def main(argv: list[str] | None = None, args: argparse.Namespace | None = None, isolate: bool = True) -> int:
-    """Run the check (module docstring); returns the exit status. `isolate`: the run and the update comparison
-    (`measure`) run in a child process, whose memory is returned before the resume starts (in-process, vLLM keeps
-    the trainer's model and optimiser alive after the run); False runs them in this process (tests)."""
+    """Run the check (module docstring); returns the exit status. `isolate`: the watched run in a child process
+    (`run_watched`); False runs it in this process (tests)."""
     args = args or parse(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     env = environment()
-    device = "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
-    has_vllm = importlib.util.find_spec("vllm") is not None
-    backend = ("vllm" if has_vllm else "hf") if args.backend == "auto" else args.backend
-    preset = PRESETS[args.preset]
-    times: dict[str, float] = {}
     t0 = time.perf_counter()
-    data, data_note = pick_data(args, preset)
-    model, model_note, arch = pick_model(args, preset, data, out)
-    times["model and data"] = time.perf_counter() - t0
-    cfg = run_config(args, model, data, device, backend)
-    _write(out / "check.json", {"config": dataclasses.asdict(cfg), "repeats": args.repeats})
-    if isolate:
-        cmd = [sys.executable, "-m", "troll.check", "--measure", str(out)]
-        subprocess.run(cmd, env=dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(1 << 20)))
-        path = out / "measure.json"
-        m = json.loads(path.read_text()) if path.is_file() else {"error": "the run's process died", "times": {}}
-    else:
-        m = measure(out)
+    cfg, arch, model_note, data_note = prepare(args, out)
+    times = {"model and data": time.perf_counter() - t0}
+    m = run_watched(out, isolate)
     times |= m["times"]
-    checks: list[dict] = []
-    report: dict[str, Any] = {"command": "python -m troll.check " + " ".join(argv or sys.argv[1:]),
-                              "environment": env, "model": model_note, "data": data_note,
-                              "config": dataclasses.asdict(cfg), "params": m.get("params", 0)}  # fmt: skip
-
-    def check(name: str, status: str, detail: str = "") -> None:
-        checks.append({"name": name, "status": status, "detail": detail})
-
-    error, params = m["error"], m.get("params", 0)
-    run = Path(cfg.out)
-    rows = step_rows(run) if (run / "metrics.jsonl").is_file() else []
-    finished = error is None and (run / "summary.json").is_file() and len(rows) == cfg.steps
-    check("run", PASSED if finished else FAILED, error or f"{cfg.steps} RL steps, evaluations at 0 and "
-          f"{cfg.steps}, checkpoints, summary.json; {params / 1e6:.1f}M parameters")  # fmt: skip
-    if not m.get("vllm"):
-        check("weight sync", na("transformers backend: the trainer samples itself"))
-    elif error:
-        check("weight sync", FAILED, error if "disagree" in error else f"the run failed first: {error}")
-    elif "perturbed_error" in m:
-        check("weight sync", FAILED, m["perturbed_error"])
-    else:
-        tol, sync, (moved, err) = m["sync_tol"], m["sync"], m["perturbed"]
-        ok = bool(sync) and max(sync) <= tol and err <= tol and moved > 10 * tol
-        check("weight sync", PASSED if ok else FAILED, f"{len(sync)} pushes in the run, max abs dlogp "
-              f"{max(sync):.2g}; a push of changed weights (the probe moved by {moved:.2g}) was taken, dlogp "
-              f"{err:.2g} (tolerance {tol:g})")  # fmt: skip
-    if device == "cpu":
-        check("sleep/wake", na("CPU: vLLM's sleep mode is GPU-only"))
-    elif not m.get("vllm"):
-        check("sleep/wake", na("no vLLM engine"))
-    else:
-        share = cfg.vllm_gpu_memory * torch.cuda.get_device_properties(0).total_memory
-        awake, asleep = m["free_awake"], m["free_asleep"]
-        freed = [s - a for a, s in zip(awake, asleep, strict=False)]
-        restored = [s - a for s, a in zip(asleep, awake[1:], strict=False)]
-        ok = bool(freed) and all(f >= 0.5 * share for f in freed)
-        ok = ok and all(abs(r - f) <= 0.2 * f for f, r in zip(freed, restored, strict=False))
-        gib = lambda xs: "/".join(f"{x / memory.GIB:.1f}" for x in xs)  # noqa: E731
-        check("sleep/wake", PASSED if ok else FAILED, f"freed {gib(freed)} GiB, restored {gib(restored)} GiB "
-              f"(engine share {share / memory.GIB:.1f} GiB)")  # fmt: skip
-    mem_status, mem_detail, report["memory"] = memory_check(cfg, arch, m.get("windows", []), device, params)
-    ok, last, seconds = resume(cfg, out) if finished else (False, "not run: the run did not finish", 0.0)
-    times["resume (new process)"] = seconds
-    rows = step_rows(run) if (run / "metrics.jsonl").is_file() else []
-    ok = ok and [r["step"] for r in rows] == list(range(1, cfg.steps + 2))
-    watch = m["watch"]
-    losses = [r["policy"] for r in rows] + [r.get("grad_norm", 0.0) for r in rows]
-    finite = watch["calls"] > 0 and watch["finite"] == watch["calls"] and all(math.isfinite(x) for x in losses)
-    finite = finite and not any(r["skipped"] for r in rows)
-    how = f"under bf16 autocast (hidden states {', '.join(watch['dtypes'])})" if cfg.bf16 else "float32, bf16 off"
-    check("finite loss", PASSED if finite else FAILED, f"{watch['finite']} of {watch['calls']} loss calls finite, "
-          f"{len(rows)} steps' gradient norms; {how}")  # fmt: skip
-    if cfg.logits_chunk == 0:
-        check("chunked head", na("the preset uses full logits"))
-    else:
-        in_use = watch["calls"] > 0 and watch["chunked"] == watch["calls"]
-        check("chunked head", PASSED if in_use else FAILED, f"{watch['chunked']} of {watch['calls']} loss calls "
-              f"got an LMHead, {cfg.logits_chunk} rows a chunk")  # fmt: skip
-    check("memory", mem_status, mem_detail)
-    check("resume", PASSED if ok else FAILED, f"step {cfg.steps + 1} written by a resumed process; {last}")
-    if rows:
-        for key in ("time_generate", "time_score", "time_old_policy", "time_update", "time_sync"):
-            times[f"per step: {key.removeprefix('time_')}"] = sum(r[key] for r in rows) / len(rows)
-    times["evaluations (run)"] = m.get("times_greedy", 0.0)
-    u = report["update_time"] = m.get("update_time")
-    check("TROLL / clip update time", MEASURED, f"{u['ratio']:.3f} ({u['troll_s']:.1f} s / {u['ppo_clip_s']:.1f} s, "
-          f"{u['updates_each']} updates each, {u['samples']} samples)" if u else "not run")  # fmt: skip
+    run = check_run(cfg, m, step_rows(Path(cfg.out)))
+    mem, mem_data = check_memory(cfg, arch, m)
+    resumed = resume(cfg, out) if run["status"] == PASSED else (False, "not run: the run did not finish", 0.0)
+    times["resume (new process)"] = resumed[2]
+    rows = step_rows(Path(cfg.out))  # the run's steps and the resumed one
+    checks = [
+        run,
+        check_weight_sync(m),
+        check_sleep_wake(cfg, m),
+        check_finite_loss(cfg, m, rows),
+        check_chunked_head(cfg, m),
+        mem,
+        check_resume(cfg, rows, resumed),
+        check_update_time(m.get("update_time")),
+    ]
+    times |= step_times(rows) | {"evaluations (run)": m.get("times_greedy", 0.0)}
     times["total"] = time.perf_counter() - t_start
-    failed = [c["name"] for c in checks if c["status"] == FAILED]
-    report |= {"checks": checks, "times_s": times, "verdict": "FAILED: " + ", ".join(failed) if failed else "passed"}
-    report["peak_rss_gib"] = m.get("peak_rss_gib")  # CPU: the run's process (the resume ran in its own)
+    report = {"command": "python -m troll.check " + " ".join(argv or sys.argv[1:]), "environment": env,
+              "model": model_note, "data": data_note, "config": dataclasses.asdict(cfg), "params": m.get("params", 0),
+              "memory": mem_data, "update_time": m.get("update_time"), "checks": checks, "times_s": times,
+              "verdict": verdict(checks), "peak_rss_gib": m.get("peak_rss_gib")}  # fmt: skip
     print(write_report(out, report))
+    failed = [c for c in checks if c["status"] == FAILED]
     if failed:
-        first = next(c for c in checks if c["status"] == FAILED)
-        print(f"troll.check: FAILED {', '.join(failed)}: {first['detail']} (report: {out / 'report.md'})",
-              file=sys.stderr)  # fmt: skip
+        print(f"troll.check: FAILED {', '.join(c['name'] for c in failed)}: {failed[0]['detail']} (report: "
+              f"{out / 'report.md'})", file=sys.stderr)  # fmt: skip
         return 1
     return 0
 

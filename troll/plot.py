@@ -1,9 +1,13 @@
-"""Curves from metrics.jsonl, one PNG per metric, several runs overlaid (e.g. TROLL vs clip):
+"""Curves from metrics.jsonl in one figure, a panel per metric, several runs overlaid (e.g. TROLL vs clip):
 
-    python -m troll.plot runs/tiny-troll runs/tiny-clip --out plots/
+    python -m troll.plot runs/tiny-troll runs/tiny-clip --out plots/      # writes plots/metrics.png
 
-Each run is labelled by its folder name; x is the RL step. Metrics that a run lacks are skipped for it. The held-out
-accuracy (`eval_acc`) starts at step 0, the evaluation before RL, so the curve shows the starting point and the gain.
+Each run is one colour in every panel, labelled by its folder name in one legend above the panels; x is the RL step.
+A panel is drawn for each metric in PANELS that at least one run logged, in this order: what the task pays (training
+reward, held-out accuracy `eval_acc`, and `behaviour_rate` where the task names a behaviour, as tiny-rare does), the
+trust region (the largest per-token KL of the network and of the projected policy, the share of tokens the loss
+bounds), then entropy, response length and gradient norm. The held-out accuracy starts at step 0, the evaluation
+before RL, so its curve shows the starting point and the gain. `figure` returns the same figure for a notebook.
 
 Usage errors exit 2 with one line naming the problem: a missing run directory, a missing or empty metrics.jsonl, a
 line in it that is not a JSON object (named by file and line), a row without an integer "step". A torn last line
@@ -15,25 +19,33 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import sys
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from troll.checkpoint import read_jsonl
 from troll.cli import run_command
 
-DEFAULT_KEYS = (
-    "reward",
-    "eval_acc",
-    "kl_before_max",
-    "kl_after_max",
-    "frac_active",
-    "entropy",
-    "response_len_mean",
-    "grad_norm",
-)
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+PANELS = {  # metrics.jsonl key -> what its y axis shows (troll.train.rl_step writes the keys)
+    "reward": "mean reward of the batch",
+    "eval_acc": "held-out greedy accuracy",
+    "behaviour_rate": "samples showing the behaviour",
+    "kl_before_max": "max per-token KL, network",
+    "kl_after_max": "max per-token KL, projected",
+    "frac_active": "tokens projected / clipped",
+    "entropy": "mean token entropy",
+    "response_len_mean": "tokens per response",
+    "grad_norm": "gradient norm",
+}
+DEFAULT_KEYS = tuple(PANELS)
+FIGURE_NAME = "metrics.png"
+COLUMNS = 3
 
 
 def read_metrics(run: str | Path) -> list[dict]:
@@ -55,12 +67,9 @@ def series(rows: Sequence[dict], key: str) -> list[tuple[int, float]]:
     return [(m["step"], m[key]) for m in rows if key in m]
 
 
-def plot_runs(runs: Sequence[str | Path], out: str | Path, keys: Sequence[str] = DEFAULT_KEYS) -> list[Path]:
-    """Write <out>/<key>.png for every key that at least one run logged; returns the written paths."""
-    from matplotlib.figure import Figure  # no pyplot: leaves a notebook's inline backend alone
-
-    out = Path(out)
-    data = {}
+def read_runs(runs: Sequence[str | Path]) -> dict[str, list[dict]]:
+    """{run folder name: its metrics rows}, in the order given; two runs of one name, or an empty one, refused."""
+    data: dict[str, list[dict]] = {}
     for run in runs:
         name = Path(run).resolve().name
         if name in data:
@@ -68,37 +77,71 @@ def plot_runs(runs: Sequence[str | Path], out: str | Path, keys: Sequence[str] =
         data[name] = read_metrics(run)
         if not data[name]:
             raise ValueError(f"{Path(run) / 'metrics.jsonl'} is empty: the run has logged no step yet")
-    plots = {}  # key -> {run name: points}; every value checked before anything is drawn
+    return data
+
+
+def curves(data: dict[str, list[dict]], keys: Sequence[str]) -> dict[str, dict[str, list[tuple[int, float]]]]:
+    """{key: {run name: points}} for every key at least one run logged, each value checked to be a number."""
+    panels = {}
     for key in keys:
-        curves = {name: series(rows, key) for name, rows in data.items()}
-        plots[key] = {name: pts for name, pts in curves.items() if pts}
-        for name, pts in plots[key].items():
+        lines = {name: pts for name, rows in data.items() if (pts := series(rows, key))}
+        for name, pts in lines.items():
             bad = [(step, v) for step, v in pts if isinstance(v, bool) or not isinstance(v, (int, float))]
             if bad:
                 raise ValueError(f"run {name}: {key} at step {bad[0][0]} is not a number: {bad[0][1]!r}")
-    if any(plots.values()):
-        out.mkdir(parents=True, exist_ok=True)
-    written = []
-    for key, curves in plots.items():
-        if not curves:
-            continue
-        fig = Figure(figsize=(5, 3.2))
-        ax = fig.subplots()
-        for name, pts in curves.items():
-            ax.plot(*zip(*pts, strict=True), marker="o" if len(pts) < 20 else None, ms=3, label=name)
-        ax.set_xlabel("RL step (0 = before RL)")
-        ax.set_title(key)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out / f"{key}.png", dpi=110)
-        written.append(out / f"{key}.png")
-    return written
+        if lines:
+            panels[key] = lines
+    return panels
+
+
+def figure(runs: Sequence[str | Path], keys: Sequence[str] = DEFAULT_KEYS) -> Figure | None:
+    """One figure: a panel (an Axes titled by its key) per key that at least one run logged, COLUMNS to a row, each
+    run one colour throughout, one legend for the figure. None when no run logged any of `keys`."""
+    from matplotlib.figure import Figure  # no pyplot: leaves a notebook's inline backend alone
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import MaxNLocator
+
+    data = read_runs(runs)
+    panels = curves(data, keys)  # every value checked before anything is drawn
+    if not panels:
+        return None
+    colour = {name: f"C{i % 10}" for i, name in enumerate(data)}
+    cols = min(COLUMNS, len(panels))
+    rows = math.ceil(len(panels) / cols)
+    fig = Figure(figsize=(4.2 * cols, 2.9 * rows + 0.6), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    for ax, (key, lines) in zip(axes, panels.items(), strict=False):
+        for name, pts in lines.items():
+            ax.plot(*zip(*pts, strict=True), color=colour[name], marker="o" if len(pts) < 20 else None, ms=3)
+        ax.set_title(key, fontsize=10)
+        ax.set_ylabel(PANELS.get(key, key), fontsize=8)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # RL steps
+        ax.tick_params(labelsize=8)
+        ax.grid(alpha=0.3)
+    for ax in axes[len(panels) :]:  # the last row's empty cells
+        fig.delaxes(ax)
+    handles = [Line2D([], [], color=colour[name], label=name) for name in data]
+    fig.legend(handles=handles, loc="outside upper center", ncol=min(len(data), 5), fontsize=9, frameon=False)
+    fig.supxlabel("RL step (eval_acc from step 0, the evaluation before RL)", fontsize=9)
+    return fig
+
+
+def plot_runs(runs: Sequence[str | Path], out: str | Path, keys: Sequence[str] = DEFAULT_KEYS) -> Path | None:
+    """Write the runs' figure (`figure`) to <out>/metrics.png and return that path; None (nothing written, no
+    folder made) when no run logged any of `keys`."""
+    fig = figure(runs, keys)
+    if fig is None:
+        return None
+    Path(out).mkdir(parents=True, exist_ok=True)
+    path = Path(out) / FIGURE_NAME
+    fig.savefig(path, dpi=110)
+    return path
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m troll.plot", description="Plot metrics.jsonl of one or more runs")
     p.add_argument("runs", nargs="+", help="run directories (each holding metrics.jsonl)")
-    p.add_argument("--out", default="plots", help="folder for the PNGs; default: %(default)s")
+    p.add_argument("--out", default="plots", help=f"folder for the figure, {FIGURE_NAME}; default: %(default)s")
     args = p.parse_args(argv)
 
     def fail(message: str) -> NoReturn:
@@ -115,10 +158,9 @@ def main(argv: list[str] | None = None) -> None:
         fail(str(e))
     for w in caught:
         print(f"{p.prog}: warning: {w.message}", file=sys.stderr)
-    if not written:
+    if written is None:
         fail(f"none of the runs logged any of {', '.join(DEFAULT_KEYS)}")
-    for path in written:
-        print(path)
+    print(written)
 
 
 if __name__ == "__main__":
