@@ -268,7 +268,7 @@ def test_vllm_backend_lora_run(tmp_path, monkeypatch, varied_reward):
 
 
 def test_tiny_lora_run_learns(tmp_path):
-    """docs/usage.md's LoRA command on CPU, shortened to 50 RL steps: only the adapters train, on the frozen warm-started
+    """The LoRA command of docs/usage.md on CPU, 50 RL steps: only the adapters train, on the frozen warm-started
     model, and held-out accuracy rises (seed 0, 500 problems: 0.304 -> 0.562 at step 50)."""
     cfg = Config.from_args(
         ["--preset", "tiny-lora", "--out", str(tmp_path / "run"), "--steps", "50", "--eval_size", "500"]
