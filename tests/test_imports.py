@@ -1,6 +1,6 @@
-"""The import graph of troll/ has no cycle: every module-level import counts, those under `if TYPE_CHECKING:`
-included (a type hint that needs the other module is a dependency too). Imports inside a function body run only
-when it is called (optional extras such as vLLM, a module's command line) and are left out."""
+"""The import graph of troll/ has no cycle: every import counts, those under `if TYPE_CHECKING:` (a type hint that
+needs the other module is a dependency too) and those inside a function body (they run when it is called: an
+optional extra, a lazily built piece) included."""
 
 import ast
 from pathlib import Path
@@ -11,7 +11,7 @@ PACKAGE = Path(troll.__file__).parent
 
 
 def module_imports(package: Path) -> dict[str, set[str]]:
-    """{module: the package's modules it imports at module level} for every .py file under `package`."""
+    """{module: the package's modules it imports anywhere in its file} for every .py file under `package`."""
     names = {}
     for path in package.rglob("*.py"):
         parts = (package.name, *path.relative_to(package).with_suffix("").parts)
@@ -26,8 +26,7 @@ def module_imports(package: Path) -> dict[str, set[str]]:
                 found |= {a.name for a in node.names}
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 found |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}  # `from troll import lora`
-            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-                stack.extend(ast.iter_child_nodes(node))
+            stack.extend(ast.iter_child_nodes(node))
         graph[name] = {m for m in found if m in names and m not in (name, package.name)}
     return graph
 
@@ -55,7 +54,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-def test_the_walker_finds_a_type_checking_cycle_and_skips_function_imports(tmp_path):
+def test_the_walker_finds_a_type_checking_cycle_and_function_imports(tmp_path):
     pkg = tmp_path / "pkg"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
@@ -64,7 +63,7 @@ def test_the_walker_finds_a_type_checking_cycle_and_skips_function_imports(tmp_p
     (pkg / "c.py").write_text("from pkg import a\n")
     (pkg / "d.py").write_text("def g():\n    from pkg import c\n")
     graph = module_imports(pkg)
-    assert graph == {"pkg": set(), "pkg.a": {"pkg.b"}, "pkg.b": {"pkg.a"}, "pkg.c": {"pkg.a"}, "pkg.d": set()}
+    assert graph == {"pkg": set(), "pkg.a": {"pkg.b"}, "pkg.b": {"pkg.a"}, "pkg.c": {"pkg.a"}, "pkg.d": {"pkg.c"}}
     assert cycles(graph) == [["pkg.a", "pkg.b", "pkg.a"]]
 
 

@@ -180,7 +180,7 @@ def test_export_merges_a_run_into_a_plain_model(tmp_path, varied_reward):
     lora_model, tokenizer = build_model(Config.load(out / "config.json"), torch.device("cpu"), out / "checkpoints" /
                                         "step-000002")  # fmt: skip
     ids = torch.tensor([tokenizer.encode("12+34=")])
-    done = subprocess.run([sys.executable, "-m", "troll.lora", str(out), "--out", str(tmp_path / "merged")],
+    done = subprocess.run([sys.executable, "-m", "troll.export", str(out), "--out", str(tmp_path / "merged")],
                           capture_output=True, text=True)  # fmt: skip
     assert done.returncode == 0, done.stderr
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
@@ -199,7 +199,7 @@ def test_export_merges_a_run_into_a_plain_model(tmp_path, varied_reward):
 def test_export_misuse_is_one_line(tmp_path, argv, problem):
     (tmp_path / "run").mkdir()
     argv = [a.format(run=tmp_path / "run", tmp=tmp_path) for a in argv]
-    done = subprocess.run([sys.executable, "-m", "troll.lora", *argv], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "troll.export", *argv], capture_output=True, text=True)
     assert done.returncode == 2 and problem in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "m").exists()
 

@@ -84,7 +84,7 @@ MISUSE = [  # (command, flags with {w} for the work folder, words of the error l
     ("troll.train", ["--out", "{w}/new", "--task", "gsm8k", "--data", "{w}/one.jsonl"], ["1 of the 1 test problems"]),
     ("troll.evaluate", ["--model", "{w}/run", "--data", "{w}/gsm8k"], ["also training problems", "held-out"]),
     ("troll.evaluate", ["--model", "{w}/run", "--data", "{w}/gsm8k", "--out", "{w}/file/x"], ["is a file"]),
-    ("troll.lora", ["{w}/gsm8k", "--out", "{w}/merged"], ["not a LoRA run"]),
+    ("troll.export", ["{w}/gsm8k", "--out", "{w}/merged"], ["not a LoRA run"]),
     ("troll.plot", ["{w}/gsm8k", "--out", "{w}/plots"], ["metrics.jsonl"]),
 ]
 if not torch.cuda.is_available():

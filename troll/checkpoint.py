@@ -1,7 +1,7 @@
 """The run directory's files, written so that a crash at any moment leaves the previous complete state.
 
     out/checkpoints/step-NNNNNN/   HF `save_pretrained` (model + tokenizer: loadable by troll.evaluate and vLLM;
-                                   a LoRA run's: the adapters, `python -m troll.lora` merges them)
+                                   a LoRA run's: the adapters, `python -m troll.export` merges them)
                                    + trainer.pt {optimizer, scheduler, step, ...the run's state}
     out/base/                      a LoRA run's own frozen base (the tiny model, a warm-started one), written once
     out/checkpoints/latest         the name of the newest complete checkpoint

@@ -8,7 +8,7 @@
     engine_weights(model)   # iterator of (name, tensor): what a sampler needs after an update
     merge(model)            # a plain transformers model, W + (alpha / r) B A: `save_pretrained` it to export
 
-    python -m troll.lora runs/x --out runs/x/merged     # a run's newest checkpoint (or a checkpoint folder), merged
+    python -m troll.export runs/x --out runs/x/merged   # a run's newest checkpoint (or a checkpoint folder), merged
 
 TROLL does not care how the policy is parametrised: the projection bounds each token's output distribution,
 KL(pi* || q) <= eps, whatever moved the logits (docs/algorithm.md, section 13). What LoRA changes is what trains,
@@ -36,7 +36,6 @@ Choices:
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -133,26 +132,6 @@ def merge(model: Any) -> Any:
     return model.merge_and_unload() if is_lora(model) else model
 
 
-def export(source: str | Path, out: str | Path) -> Path:
-    """Merge a run's newest checkpoint (or a checkpoint folder) into a plain model folder `out` in float32, with the
-    tokenizer: what troll.evaluate and vLLM load. ValueError names what is not a LoRA run or checkpoint."""
-    from troll.checkpoint import complete_checkpoints
-    from troll.config import Config
-    from troll.policy import build_model
-
-    source = Path(source)
-    ckpt = (complete_checkpoints(source) or [None])[0] if (source / "config.json").is_file() else source
-    run = source if ckpt is not source else source.parent.parent
-    if ckpt is None or not is_adapter_checkpoint(ckpt):
-        raise ValueError(f"{source}: not a LoRA run directory or adapter checkpoint (no adapter_config.json)")
-    cfg = dataclasses.replace(Config.load(run / "config.json"), bf16=False)  # merged in float32
-    model, tokenizer = build_model(cfg, torch.device("cpu"), path=ckpt)
-    out = Path(out)
-    merge(model).to(torch.float32).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
-
-
 def owns_base(cfg: Any) -> bool:
     """A LoRA run whose base is its own (the tiny model, or any base after a supervised warm-start): it keeps the
     base in `<out>/base`."""
@@ -168,26 +147,3 @@ def base_source(cfg: Any, out: str | Path) -> str:
     if not (own / "config.json").is_file():
         raise ValueError(f"{own} is missing: the LoRA run's adapters are trained on that base; start a new run")
     return str(own)
-
-
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m troll.lora", description="Export a LoRA run as a merged model.")
-    parser.add_argument("source", help="a LoRA run directory (its newest checkpoint) or one checkpoint folder")
-    parser.add_argument("--out", required=True, help="the folder to write the merged model and tokenizer into")
-    args = parser.parse_args(argv)
-    if Path(args.out).exists():
-        parser.error(f"--out {args.out} exists: give a new folder")
-    try:
-        path = export(args.source, args.out)
-    except (ValueError, OSError, ImportError) as e:
-        parser.error(str(e))
-    print(f"merged model written to {path}")
-    return 0
-
-
-if __name__ == "__main__":
-    from troll.cli import run_command
-
-    run_command("python -m troll.lora", main)
