@@ -294,9 +294,12 @@ def plot_settings(rows: Sequence[dict], out: Path, stem: str) -> Path:
     return save(fig, out / f"{stem}_settings.png")
 
 
+STYLES = ("-", "--", ":", "-.", (0, (5, 1)), (0, (1, 3)))  # a loss's settings in order, its default first
+
+
 def plot_adoption(rows: Sequence[dict], out: Path, stem: str, threshold: float = THRESHOLD) -> Path:
-    """One panel per cell: the share of each step's samples that show the rare behaviour, per loss and setting,
-    mean over seeds with the seeds' range shaded."""
+    """One panel per cell: the share of each step's samples that show the rare behaviour, per loss (a colour) and
+    setting (a line style: the default solid), mean over seeds; the seeds' range shaded for each default."""
     from matplotlib.figure import Figure
 
     by = by_run(rows)
@@ -304,17 +307,25 @@ def plot_adoption(rows: Sequence[dict], out: Path, stem: str, threshold: float =
     fig = Figure(figsize=(6 * len(keys), 4))
     for ax, key in zip(fig.subplots(1, len(keys), squeeze=False)[0], keys, strict=True):
         variants = sorted({k[3:5] for k in by if k[:3] == key}, key=lambda v: _cell_order((*key, *v)))
-        for j, (loss, setting) in enumerate(variants):
+        losses = list(dict.fromkeys(loss for loss, _ in variants))
+        for loss, setting in variants:
             curves = [r["behaviour_rate"] for k, r in by.items() if k[:5] == (*key, loss, setting)]
             steps = range(1, min(map(len, curves)) + 1)
             per_step = list(zip(*(c[: len(steps)] for c in curves), strict=True))
             label = loss if setting == "default" else f"{loss} {setting}"
-            ax.plot(steps, [statistics.fmean(x) for x in per_step], color=f"C{j}", label=f"{label} ({len(curves)})")
-            ax.fill_between(steps, [min(x) for x in per_step], [max(x) for x in per_step], color=f"C{j}", alpha=0.15)
+            colour, style = (
+                f"C{losses.index(loss)}",
+                STYLES[[v for v in variants if v[0] == loss].index((loss, setting))],
+            )
+            ax.plot(
+                steps, [statistics.fmean(x) for x in per_step], color=colour, ls=style, label=f"{label} ({len(curves)})"
+            )
+            if setting == "default":
+                ax.fill_between(steps, [min(x) for x in per_step], [max(x) for x in per_step], color=colour, alpha=0.12)
         ax.axhline(threshold, color="gray", lw=0.8, ls="--")
         ax.set_xlabel("RL step")
         ax.set_ylabel("share of samples with the rare behaviour")
-        ax.set_title(f"lr {key[0]:g}, {key[1]}, {key[2]}: mean over seeds, range shaded", fontsize=10)
+        ax.set_title(f"lr {key[0]:g}, {key[1]}, {key[2]}: mean over seeds, the defaults' range shaded", fontsize=10)
         ax.legend(fontsize=8)
     return save(fig, out / f"{stem}_adoption.png")
 
