@@ -233,7 +233,7 @@ def test_gspo_clip_range_is_the_papers_at_sequence_level():
         assert float(loss.detach()) == pytest.approx(-(1.0004 if clipped else 1.01), abs=1e-12), kw
         assert (g.abs().max() == 0) == clipped, kw
     loss, m = ppo_clip(logits, tokens, mask, adv, old)  # per token: 0.2, not clipped
-    assert m["frac_active"] == 0.0 and float(loss) == pytest.approx(-1.01, abs=1e-12)
+    assert m["frac_active"] == 0.0 and float(loss.detach()) == pytest.approx(-1.01, abs=1e-12)
 
 
 def test_the_baselines_defaults_are_their_authors():

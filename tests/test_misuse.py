@@ -184,7 +184,7 @@ def test_ctrl_c_says_how_to_continue(tmp_path):
     while not (out / "checkpoints" / "latest").exists() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=60)
+    stdout, stderr = proc.communicate(timeout=300)
     result = subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
     one_line(result, 130, "interrupted", f"python -m troll.train --out {out} --resume true")
 
@@ -210,7 +210,7 @@ def test_ctrl_c_in_the_check_and_a_benchmark_is_one_line(tmp_path, argv, prog):
             time.sleep(0.5)
         first = time.sleep(2)  # a little into the check's work
     proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=120)
+    stdout, stderr = proc.communicate(timeout=300)
     assert first != ""  # the benchmark was at work, not finished
     one_line(subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr), 130, prog, "interrupted")
 
