@@ -368,6 +368,11 @@ def test_bad_arguments_raise():
         project_dense(lp, lq[:, :4], EPS)
     with pytest.raises(ValueError, match="eps"):
         project_dense(lp, lq, 0.0)
+    tokens = torch.zeros(2, dtype=torch.long)
+    support = build_support(lp, tokens, sparsify(lq, tokens, k=3, delta=1e-3))
+    for bad in (0.0, -0.1, math.nan, math.inf):  # the sparse projection is public too: a NaN must not pass silently
+        with pytest.raises(ValueError, match="eps must be a positive finite number"):
+            project_sparse(support, bad)
     all_masked = torch.full((1, 5), -math.inf, dtype=torch.float64)
     with pytest.raises(ValueError, match="no finite entry"):
         project_dense(all_masked, all_masked, EPS)

@@ -245,7 +245,7 @@ def troll_loss(
 ) -> LossOut:
     """TROLL: importance ratio of the projected policy, plus the regression of p onto sg(pi*); with behaviour_logp
     (or is_weight) the ratio term is weighted by w = sg(min(q(y) / mu(y), is_cap)) (module docstring)."""
-    check_troll_settings(eps, alpha, k, delta, support)  # eps is checked here only: project_sparse takes it as valid
+    check_troll_settings(eps, alpha, k, delta, support)  # before any work (project_sparse checks eps again)
     s, w, is_metrics = _support(
         logits, tokens, mask, adv, old, support, k, delta, agg, level, behaviour_logp, is_cap, is_weight
     )

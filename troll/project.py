@@ -53,9 +53,9 @@ FLOAT32_TOL = 1e-9  # ... to min(FLOAT32_TOL, margin / 2): the atoms' KL stays b
 
 
 def check_eps(eps: float) -> None:
-    """The trust-region radius must be a positive finite number. Checked once where eps comes in: project_dense, and
-    troll_loss and TROLLConfig (troll.losses.check_troll_settings); solve_t, project_sparse and dual.solve_dual take
-    it as valid."""
+    """The trust-region radius must be a positive finite number. Checked where eps comes in: the two public
+    projections (project_dense, project_sparse), and troll_loss and TROLLConfig (troll.losses.check_troll_settings);
+    the solvers (solve_t, dual.solve_dual) take it as valid."""
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (math.isfinite(eps) and eps > 0):
         raise ValueError(f"eps must be a positive finite number, got {eps!r}")
 
@@ -195,8 +195,8 @@ def atoms(s: Support) -> tuple[Tensor, Tensor]:
 
 
 def project_sparse(s: Support, eps: float, detach_dual: bool = False) -> Projection:
-    """Project p onto the KL ball of radius eps around q, atom by atom of the support `s` (sparse.build_support).
-    eps must be a positive finite number, checked by the caller (troll_loss checks it once per call)."""
+    """Project p onto the KL ball of radius eps around q, atom by atom of the support `s` (sparse.build_support)."""
+    check_eps(eps)  # a public entry: a NaN radius would otherwise project nothing, silently
     a, b = atoms(s)
     t, sol = solve_t(a, b, eps, detach_dual)
     logp = s.lp  # inside the region pi* = p
