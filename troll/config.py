@@ -192,13 +192,13 @@ class Config:
         args = parser.parse_args(argv)
         overrides = {name: value for name, value in vars(args).items() if name != "preset"}  # the flags given
         try:
-            cfg = cls(**PRESETS[args.preset or "tiny-cpu"])
+            preset = PRESETS[args.preset or "tiny-cpu"]
             if not overrides.get("resume"):  # made once from preset and flags: an unset clip range follows the level
-                cfg = cls(**(PRESETS[args.preset or "tiny-cpu"] | overrides))
+                cfg = cls(**(preset | overrides))
             else:
                 if args.preset:
                     parser.error("--preset with --resume: a resumed run keeps the settings in its config.json")
-                cfg = cls.resumed(Path(overrides.get("out", cfg.out)))
+                cfg = cls.resumed(Path(overrides.get("out", cls().out)))
                 given = {k: v for k, v in overrides.items() if k not in NOT_SETTINGS}  # the flags, nothing filled in
                 fixed = [f"--{k} (the run has {getattr(cfg, k)!r})" for k, v in given.items()
                          if k not in RESUME_CHANGEABLE and v != getattr(cfg, k)]  # fmt: skip
