@@ -176,10 +176,20 @@ def test_no_whole_checkpoint_names_the_command_that_continues(finished_run, tmp_
 # ------------------------------------------------------------------------------------------------------ Ctrl-C
 
 
+def as_from_a_shell() -> None:
+    """A child's SIGINT as a shell leaves it: at its default and not blocked, whatever a library loaded in this test
+    process (vLLM's engines run in it) has done to its own; a command inherits an ignored or blocked SIGINT, and
+    Python then installs no KeyboardInterrupt handler at all."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def test_ctrl_c_says_how_to_continue(tmp_path):
     out = tmp_path / "run"
     argv = [sys.executable, "-m", "troll.train", "--out", str(out), "--steps", "500", *TINY]
-    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=as_from_a_shell
+    )
     deadline = time.time() + 300  # a loaded machine takes longer to reach the first checkpoint
     while not (out / "checkpoints" / "latest").exists() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.5)
@@ -201,7 +211,9 @@ def test_ctrl_c_in_the_check_and_a_benchmark_is_one_line(tmp_path, argv, prog):
     """Ctrl-C in the middle of the acceptance check or a benchmark (its first line printed, or its run folder made:
     past the imports, into the work, however loaded the machine): one line, exit 130, no traceback."""
     argv = [sys.executable, *(a.format(tmp=tmp_path) for a in argv)]
-    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=as_from_a_shell
+    )
     if "bench" in prog:
         first = proc.stdout.readline()
     else:
