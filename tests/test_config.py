@@ -394,7 +394,12 @@ def test_an_unset_clip_range_follows_the_level():
     assert dataclasses.asdict(gspo)["clip_low"] == 3e-4
 
 
-LORA_PRESET_GPUS = {"gsm8k-qwen3-1.7b-lora": 24, "gsm8k-qwen3-8b-lora": 80, "gsm8k-llama3.1-8b-lora": 80}  # GiB
+LORA_PRESET_GPUS = {  # GiB
+    "gsm8k-qwen3-1.7b-lora": 24,
+    "gsm8k-qwen3-4b-lora": 24,
+    "gsm8k-qwen3-8b-lora": 80,
+    "gsm8k-llama3.1-8b-lora": 80,
+}
 
 
 @pytest.mark.parametrize("name", sorted(LORA_PRESET_GPUS))

@@ -20,6 +20,7 @@ Presets:
     gsm8k-qwen2.5-0.5b  GSM8K on one GPU: vLLM rollouts, bf16, chunked output layer, gradient checkpointing
     gsm8k-qwen3-0.6b    the same recipe for Qwen3-0.6B, with half the micro-batch
     gsm8k-qwen3-1.7b-lora   the recipe with LoRA (rank 32, lr 1e-5) for Qwen3-1.7B on a 24 GB GPU
+    gsm8k-qwen3-4b-lora     the same for Qwen3-4B (the model the paper measures its overhead on) on a 24 GB GPU
     gsm8k-qwen3-8b-lora     the same for Qwen3-8B on an 80 GB GPU
     gsm8k-llama3.1-8b-lora  the same for Llama-3.1-8B-Instruct on an 80 GB GPU
 """
@@ -224,8 +225,8 @@ class Config:
             choices=list(PRESETS),
             help="tiny-cpu (the defaults below: addition, tiny local model, CPU), tiny-stale (stale rollouts), "
             "tiny-rare (a rare rewarded format), tiny-lora (LoRA on the tiny model) or a "
-            "GSM8K GPU recipe (gsm8k-qwen2.5-0.5b, gsm8k-qwen3-0.6b; with LoRA: gsm8k-qwen3-1.7b-lora on 24 GB, "
-            "gsm8k-qwen3-8b-lora and gsm8k-llama3.1-8b-lora on 80 GB); default: tiny-cpu",
+            "GSM8K GPU recipe (gsm8k-qwen2.5-0.5b, gsm8k-qwen3-0.6b; with LoRA: gsm8k-qwen3-1.7b-lora and "
+            "gsm8k-qwen3-4b-lora on 24 GB, gsm8k-qwen3-8b-lora and gsm8k-llama3.1-8b-lora on 80 GB); default: tiny-cpu",
         )
         types = field_types(cls)
         for f in fields(cls):
@@ -471,6 +472,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     # resident state leaves while vLLM generates (the most KV cache; its least: bf16 weights + a minimal KV cache)
     "gsm8k-qwen3-1.7b-lora": dict(_GSM8K_GPU, **_LORA, model="Qwen/Qwen3-1.7B", vllm_gpu_memory=0.75,
                                   micro_batch_tokens=24576, out="runs/gsm8k-qwen3-1.7b-lora"),  # 24 GB
+    "gsm8k-qwen3-4b-lora": dict(_GSM8K_GPU, **_LORA, model="Qwen/Qwen3-4B", vllm_gpu_memory=0.55,
+                                micro_batch_tokens=8192, out="runs/gsm8k-qwen3-4b-lora"),  # 24 GB
     "gsm8k-qwen3-8b-lora": dict(_GSM8K_GPU, **_LORA, model="Qwen/Qwen3-8B", vllm_gpu_memory=0.7,
                                 micro_batch_tokens=49152, out="runs/gsm8k-qwen3-8b-lora"),  # 80 GB
     "gsm8k-llama3.1-8b-lora": dict(_GSM8K_GPU, **_LORA, model="meta-llama/Llama-3.1-8B-Instruct",
