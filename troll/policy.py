@@ -98,8 +98,9 @@ def adapt(cfg: Config, model: Any) -> Any:
 
 
 def pack(prompt_ids: Sequence[Sequence[int]], completion_ids: Tensor, pad_id: int = 0) -> tuple[Tensor, Tensor]:
-    """Left-pad prompts, append right-padded completions: ([B, P+T] ids, [B, P+T] bool attention mask)."""
-    ids, attn = left_pad(prompt_ids, pad_id)
+    """Left-pad prompts, append right-padded completions: ([B, P+T] ids, [B, P+T] bool attention mask), on the
+    completions' device."""
+    ids, attn = (x.to(completion_ids.device) for x in left_pad(prompt_ids, pad_id))
     return torch.cat([ids, completion_ids], -1), torch.cat(
         [attn, torch.ones_like(completion_ids, dtype=torch.bool)], -1
     )
