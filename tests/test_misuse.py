@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import signal
 import subprocess
@@ -225,6 +226,20 @@ def test_ctrl_c_in_the_check_and_a_benchmark_is_one_line(tmp_path, argv, prog):
     stdout, stderr = proc.communicate(timeout=300)
     assert first != ""  # the benchmark was at work, not finished
     one_line(subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr), 130, prog, "interrupted")
+
+
+def test_ctrl_c_in_the_checks_child_process_is_one_line(tmp_path):
+    """Ctrl-C as a terminal (or `timeout --signal=INT`) sends it, to the whole process group, while the check's
+    watched run works in its child process: one line, exit 130, no traceback from either process."""
+    argv = [sys.executable, "-m", "troll.check", "--shape", "tiny", "--backend", "hf", "--out", str(tmp_path / "c")]
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=as_from_a_shell, start_new_session=True)  # fmt: skip
+    deadline = time.time() + 300
+    while not (tmp_path / "c" / "run" / "config.json").exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)  # the child has started the run
+    os.killpg(proc.pid, signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=300)
+    one_line(subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr), 130, "troll.check", "interrupted")
 
 
 # ------------------------------------------------------------------------------------------ study results files

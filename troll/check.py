@@ -136,7 +136,7 @@ from typing import Any  # noqa: E402
 import torch  # noqa: E402
 
 from troll import memory  # noqa: E402
-from troll.cli import run_command  # noqa: E402
+from troll.cli import INTERRUPTED, run_command  # noqa: E402
 from troll.config import Config  # noqa: E402
 from troll.watch import measure, write_json  # noqa: E402
 
@@ -497,7 +497,10 @@ def mmap_large_allocations() -> None:
 
 if __name__ == "__main__":
     mmap_large_allocations()
-    if CLI_ARGS.measure:  # the child process of main(isolate=True)
-        measure(Path(CLI_ARGS.measure))
+    if CLI_ARGS.measure:  # the child process of main(isolate=True): Ctrl-C reaches both, and the parent says it
+        try:
+            measure(Path(CLI_ARGS.measure))
+        except KeyboardInterrupt:
+            sys.exit(INTERRUPTED)
         sys.exit(0)
     run_command("python -m troll.check", lambda: main(sys.argv[1:], CLI_ARGS))  # Ctrl-C: one line, exit 130
