@@ -17,7 +17,8 @@
 #   lease.log       each part's exit status and seconds, and the budget left
 # The lease's limit leaves out runs/ (checkpoints): the parts' run folders live under a temporary folder.
 # LEASE_BUDGET_S (default 480) bounds the whole; each part gets at most its own cap and what is left.
-# LEASE_PARTS (default "env tests projection checks rare") picks parts, so a second lease runs what the first missed.
+# LEASE_PARTS (default "env tests projection checks rare") picks parts by file or by the name lease.log gives
+# them (check-gsm8k-qwen3-4b-lora, say), so a second lease runs what the first missed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -41,13 +42,13 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false OMP_WAIT
 log() { echo "$*" | tee -a "$OUT/lease.log"; }
 
 # part NAME FILE CAP CMD...: CMD under the smaller of CAP and the budget left (SIGINT first: troll's commands stop
-# cleanly on it), its output appended to OUT/FILE as it comes; a part with under 20 s left, or whose file's name
-# is not in LEASE_PARTS, is skipped.
+# cleanly on it), its output appended to OUT/FILE as it comes; a part with under 20 s left, or with neither its
+# name nor its file's in LEASE_PARTS, is skipped.
 PARTS=" ${LEASE_PARTS:-env tests projection checks rare} "
 part() {
     local name=$1 file=$2 cap=$3 left t0 rc
     shift 3
-    if [[ "$PARTS" != *" ${file%.txt} "* ]]; then
+    if [[ "$PARTS" != *" ${file%.txt} "* && "$PARTS" != *" $name "* ]]; then
         log "part $name: skipped (not in LEASE_PARTS)"
         return 0
     fi
@@ -102,7 +103,7 @@ if [[ $CPU == 1 ]]; then
 else
     for preset in gsm8k-qwen2.5-0.5b gsm8k-qwen3-1.7b-lora gsm8k-qwen3-4b-lora; do
         part "check-$preset" checks.txt 180 "$PY" -m troll.check --preset "$preset" --model standin --backend hf \
-            --prompts 4 --samples 4 --max_new_tokens 128 --eval_size 8 --steps 2 --out "$WORK/check-$preset"
+            --prompts 4 --samples 4 --max_new_tokens 64 --eval_size 4 --steps 2 --out "$WORK/check-$preset"
     done
 fi
 

@@ -16,8 +16,8 @@ SCRIPT = ROOT / "scripts" / "gpu_lease.sh"
 PARTS = ("env", "tests", "projection", "check-tiny", "rare-troll-seed0", "rare-ppo_clip-seed0")
 
 
-def lease(*args: str, budget: int = 480) -> subprocess.CompletedProcess:
-    env = dict(os.environ, LEASE_BUDGET_S=str(budget), PYTHON=sys.executable)
+def lease(*args: str, budget: int = 480, parts: str = "") -> subprocess.CompletedProcess:
+    env = dict(os.environ, LEASE_BUDGET_S=str(budget), PYTHON=sys.executable, LEASE_PARTS=parts)
     return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=900)
 
 
@@ -53,6 +53,19 @@ def test_a_part_past_the_budget_is_skipped_and_said(tmp_path):
     assert res.returncode == 0, res.stderr + log
     assert re.search(r"^part env: skipped \(\d+ s of the budget left\)$", log, re.M), log
     assert "part rare-troll-seed0: skipped" in log
+
+
+def test_lease_parts_picks_parts_by_file_or_by_name(tmp_path):
+    """LEASE_PARTS="env check-tiny" runs the environment part (by its file) and the check (by its name) alone; the
+    rest are skipped with a line each (what a second lease does with what the first missed)."""
+    out = tmp_path / "out"
+    res = lease("--cpu", str(out), parts="env check-tiny")
+    log = (out / "lease.log").read_text()
+    assert res.returncode == 0, res.stderr + log
+    ran = re.findall(r"^part (\S+): exit 0 in \d+ s$", log, re.M)
+    skipped = re.findall(r"^part (\S+): skipped \(not in LEASE_PARTS\)$", log, re.M)
+    assert ran == ["env", "check-tiny"] and skipped == [p for p in PARTS if p not in ran], log
+    assert sorted(p.name for p in out.iterdir()) == ["checks.txt", "env.txt", "lease.log"]
 
 
 @pytest.mark.parametrize("case", ["no folder", "two folders", "not empty", "a file"])
