@@ -98,7 +98,8 @@ def test_troll_active_projection_weighted():
 # --- the weight's modes by hand (docs/algorithm.md, 10f) ------------------------------------------------------
 
 # Three responses of two tokens over V = 2, y = 0 everywhere, p = q = (0.5, 0.5): every ratio is 1, nothing is
-# projected or clipped, so the loss is token-mean(-w A) and its gradient at each token -w A (onehot(y) - p) / 5.
+# projected or clipped, so the loss is token-mean(-w A) (named at every level, as TRL's default loss_type dapo
+# does; sequence's own default is a mean over responses) and its gradient at each token -w A (onehot(y) - p) / 5.
 # rho = q(y) / mu(y) per token (response 2 has one real token); with floor 0.6 and cap 2:
 RHO = [[2.5, 1.0], [1.25, 0.4], [1.2, 1.0]]
 ADV = [1.0, -2.0, 0.5]
@@ -126,7 +127,8 @@ def test_weight_modes_by_hand(fn, mode, level, w, frac):
     adv = torch.tensor(ADV, dtype=torch.float64)
     lq_y = old.logp_at(tokens.view(-1)).view(tokens.shape)
     weight, m = trl_is_weight(lq_y - lmu, mask, is_mode=mode, is_cap=2.0, is_floor=0.6, level=level)
-    loss, g, m_loss = value_and_grad(fn, (logits, tokens, mask, adv, old), level=level, is_weight=weight)
+    args = (logits, tokens, mask, adv, old)
+    loss, g, m_loss = value_and_grad(fn, args, level=level, agg="token-mean", is_weight=weight)
     assert not any(key.startswith("is_") for key in m_loss)  # a handed-in weight's metrics are its maker's
     w = torch.tensor(w, dtype=torch.float64)
     assert loss == pytest.approx(float(-(w * adv[:, None]).sum() / 5), abs=1e-12)

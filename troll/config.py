@@ -43,6 +43,7 @@ from troll.metrics import logger_missing
 # and this module imports no torch
 DPPO_CAP = 10.0  # DPPO's ratio cap c: sail-sg/Stable-RL's clip_ratio_c
 CLIP_RANGE = {"token": (0.2, 0.2), "sequence": (3e-4, 4e-4)}  # PPO-clip's (eps_low, eps_high); GSPO per sequence
+DEFAULT_AGG = {"token": "token-mean", "sequence": "seq-mean-token-mean"}  # an unset agg's; GSPO: a mean over sequences
 
 
 def _bool(s: str) -> bool:
@@ -101,8 +102,11 @@ class Config:
     # the objective
     loss: str = opt("troll", "the policy loss: TROLL or one of the baselines", ("troll", "ppo_clip", "dppo", "cispo"))
     advantage: str = opt("grpo", "advantage estimator", ("grpo", "dr_grpo", "reinforce_pp"))
-    agg: str = opt(
-        "token-mean", "reduction of per-token terms", ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+    agg: str | None = opt(
+        None,
+        "reduction of per-token terms; unset: token-mean, or seq-mean-token-mean (GSPO's mean over sequences) with "
+        "--level sequence",
+        ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
     )
     level: str = opt("token", "ratio per token, or per sequence (GSPO; troll and ppo_clip only)", ("token", "sequence"))
     eps: float = opt(0.05, "TROLL: KL bound per token (> 0)")
@@ -182,6 +186,7 @@ class Config:
         low, high = CLIP_RANGE[self.level] if self.level in CLIP_RANGE else (None, None)
         self.clip_low = low if self.clip_low is None else self.clip_low  # unset: the level's range, once
         self.clip_high = high if self.clip_high is None else self.clip_high
+        self.agg = DEFAULT_AGG.get(self.level, "token-mean") if self.agg is None else self.agg  # the same, once
         problems = check(self)
         if problems:
             raise ValueError("invalid config: " + "; ".join(problems))
@@ -194,7 +199,7 @@ class Config:
         overrides = {name: value for name, value in vars(args).items() if name != "preset"}  # the flags given
         try:
             preset = PRESETS[args.preset or "tiny-cpu"]
-            if not overrides.get("resume"):  # made once from preset and flags: an unset clip range follows the level
+            if not overrides.get("resume"):  # made once from preset and flags: unset clip range, agg follow the level
                 cfg = cls(**(preset | overrides))
             else:
                 if args.preset:

@@ -26,7 +26,14 @@ sg(s_i) r_t / sg(r_t); TROLL's r_t are the projected ratios. `agg` (the same for
     seq-mean-token-mean      mean_i(sum_t(x m) / sum_t(m))
     seq-mean-token-sum-norm  mean_i(sum_t(x m) / T_norm)        (Dr.GRPO; T_norm = norm_len, or T)
 
-with mean_i over the responses that have a real token. Off-policy data (section 10b): `behaviour_logp` [B, T], the
+with mean_i over the responses that have a real token. `agg` left None is DEFAULT_AGG[level]: token-mean per token,
+seq-mean-token-mean per sequence, so GSPO is its paper's mean over sequences, each counted once whatever its length:
+
+    ppo_clip  -mean_i min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i)
+    troll     -mean_i A_i s_i + alpha mean_i(mean_t KL_t(p || sg(pi*)))   (each response's mean regression)
+
+(a sequence's tokens all carry its value, and their mean's gradient is that of s_i). dppo and cispo have no
+sequence level: token-mean. Off-policy data (section 10b): `behaviour_logp` [B, T], the
 sampler's log mu(y), weighs each token's policy term by the constant w = sg(min(q(y) / mu(y), is_cap)), per response
 (GSPO's geometric mean) at level="sequence"; the trust region stays around q. `is_weight` [B, T] hands in another
 weight instead (TRL's modes: troll.integrations.is_weights). Without either, every loss is as above bit for bit.
@@ -54,6 +61,9 @@ DPPO_THRESHOLDS = {"binary_tv": 0.15, "binary_kl": 0.05, "topk_tv": 0.15, "topk_
 DPPO_RATIO_CAP = 10.0
 # PPO-clip's (eps_low, eps_high) by level: PPO's 0.2 per token; GSPO's paper (section 5.1) per sequence
 CLIP_RANGE = {"token": (0.2, 0.2), "sequence": (3e-4, 4e-4)}
+# the aggregation an unset agg takes, by level: a mean over tokens per token (GRPO / DAPO as TRL and verl default);
+# GSPO's (1 / G) sum_i per sequence (GSPO paper, J_GSPO; verl's compute_policy_loss_gspo hard-codes it)
+DEFAULT_AGG = {"token": "token-mean", "sequence": "seq-mean-token-mean"}
 LossOut = tuple[Tensor, dict[str, float]]
 
 
@@ -80,6 +90,11 @@ def aggregate(x: Tensor, mask: Tensor, mode: str = "token-mean", norm_len: int |
     else:  # seq-mean-token-sum-norm
         per_seq = per_seq / (norm_len or max(x.shape[-1], 1))
     return per_seq.sum() / (length > 0).sum().clamp_min(1)
+
+
+def default_agg(level: str) -> str:
+    """The aggregation an unset `agg` takes at `level` (DEFAULT_AGG; an unknown level is refused later, naming it)."""
+    return DEFAULT_AGG.get(level, "token-mean")
 
 
 def _response_mean(x: Tensor, mask: Tensor) -> Tensor:
@@ -235,7 +250,7 @@ def troll_loss(
     support: str = "rest",
     k: int = 64,
     delta: float = 1e-5,
-    agg: str = "token-mean",
+    agg: str | None = None,
     norm_len: int | None = None,
     level: str = "token",
     detach_dual: bool = False,
@@ -246,6 +261,7 @@ def troll_loss(
     """TROLL: importance ratio of the projected policy, plus the regression of p onto sg(pi*); with behaviour_logp
     (or is_weight) the ratio term is weighted by w = sg(min(q(y) / mu(y), is_cap)) (module docstring)."""
     check_troll_settings(eps, alpha, k, delta, support)  # before any work (project_sparse checks eps again)
+    agg = default_agg(level) if agg is None else agg
     s, w, is_metrics = _support(
         logits, tokens, mask, adv, old, support, k, delta, agg, level, behaviour_logp, is_cap, is_weight
     )
@@ -276,7 +292,7 @@ def ppo_clip(
     support: str = "rest",
     k: int = 64,
     delta: float = 1e-5,
-    agg: str = "token-mean",
+    agg: str | None = None,
     norm_len: int | None = None,
     level: str = "token",
     behaviour_logp: Tensor | None = None,
@@ -287,6 +303,7 @@ def ppo_clip(
     per token, GSPO's 3e-4 / 4e-4 per sequence. With behaviour_logp: w times it (module docstring)."""
     low, high = CLIP_RANGE.get(level, CLIP_RANGE["token"])
     eps_low, eps_high = low if eps_low is None else eps_low, high if eps_high is None else eps_high
+    agg = default_agg(level) if agg is None else agg
     s, w, is_metrics = _support(
         logits, tokens, mask, adv, old, support, k, delta, agg, level, behaviour_logp, is_cap, is_weight
     )
