@@ -394,6 +394,46 @@ def test_an_unset_clip_range_follows_the_level():
     assert dataclasses.asdict(gspo)["clip_low"] == 3e-4
 
 
+def test_an_unset_agg_follows_the_level():
+    """agg unset: the token mean per token, GSPO's mean over sequences (seq-mean-token-mean) with --level sequence,
+    for ppo_clip (GSPO) and troll alike, resolved once when the config is made (from preset and flags together); a
+    given --agg wins, and the saved config holds the mode that ran."""
+    assert Config().agg == Config.from_args([]).agg == Config.from_args(["--loss", "ppo_clip"]).agg == "token-mean"
+    for loss in ("ppo_clip", "troll"):
+        gspo = Config.from_args(["--loss", loss, "--level", "sequence"])
+        assert gspo.agg == "seq-mean-token-mean" and dataclasses.asdict(gspo)["agg"] == "seq-mean-token-mean", loss
+        given = Config.from_args(["--loss", loss, "--level", "sequence", "--agg", "token-mean"])
+        assert given.agg == "token-mean", loss
+    gpu = Config.from_args(["--preset", "gsm8k-qwen2.5-0.5b", "--loss", "ppo_clip", "--level", "sequence"])
+    assert gpu.agg == "seq-mean-token-mean"
+    assert Config.from_args(["--agg", "seq-mean-token-sum-norm"]).agg == "seq-mean-token-sum-norm"
+    assert Config(level="sequence").agg == "seq-mean-token-mean" and Config(agg=None).agg == "token-mean"
+
+
+def test_a_gspo_run_saved_under_the_token_mean_resumes_with_it(tmp_path, capsys):
+    """agg has been a field since the first config and Config.save writes every field, so every config.json names
+    the mode it ran: a GSPO run saved when --level sequence defaulted to the token mean resumes with the token mean,
+    not today's default; asking for another agg on resume is refused. A config.json without agg is refused, naming
+    it (agg is not in ADDED: no run was saved without it)."""
+    from troll.config import ADDED
+
+    out = tmp_path / "run"
+    out.mkdir()
+    old = dataclasses.asdict(Config(loss="ppo_clip", level="sequence", agg="token-mean", out=str(out)))
+    (out / "config.json").write_text(json.dumps(old))  # what the old code wrote: the default named
+    assert Config.load(out / "config.json").agg == "token-mean"
+    cfg = Config.from_args(["--out", str(out), "--resume", "true", "--steps", "300"])
+    assert (cfg.level, cfg.agg, cfg.steps) == ("sequence", "token-mean", 300)
+    with pytest.raises(SystemExit) as exit_info:
+        Config.from_args(["--out", str(out), "--resume", "true", "--agg", "seq-mean-token-mean"])
+    assert exit_info.value.code == 2 and "cannot change on resume: --agg" in capsys.readouterr().err
+    assert "agg" not in ADDED
+    del old["agg"]
+    (out / "config.json").write_text(json.dumps(old))
+    with pytest.raises(ValueError, match=r"missing config fields \['agg'\]"):
+        Config.load(out / "config.json")
+
+
 LORA_PRESET_GPUS = {  # GiB
     "gsm8k-qwen3-1.7b-lora": 24,
     "gsm8k-qwen3-4b-lora": 24,

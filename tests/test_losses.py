@@ -403,6 +403,95 @@ def test_gspo_sequence_ratio_straight_through():
     assert m["ratio_max"] == pytest.approx(float(s.max()))
 
 
+GSPO_LENGTHS = (7, 1, 4, 2, 6, 3)  # ragged: a token mean weighs the 7-token response 7 times the 1-token one
+
+
+def gspo_batch(seed=0, v=5):
+    """Float64 responses of the lengths above (right-padded). Responses 0, 2 and 5 move by ~1e-5 (s_i inside GSPO's
+    range), the others by ~0.3 (s_i outside it): with these advantages one is clipped flat (3: s = 0.74, A < 0),
+    two keep the pessimistic unclipped branch (1: s = 1.35, A < 0; 4: s = 0.93, A > 0)."""
+    g = torch.Generator().manual_seed(seed)
+    b, t = len(GSPO_LENGTHS), max(GSPO_LENGTHS)
+    old_logits = torch.randn(b, t, v, generator=g, dtype=torch.float64) * 2
+    scale = torch.tensor([1e-5, 0.3, 1e-5, 0.3, 0.3, 1e-5], dtype=torch.float64).view(b, 1, 1)
+    logits = (old_logits + scale * torch.randn(b, t, v, generator=g, dtype=torch.float64)).requires_grad_(True)
+    tokens = torch.randint(0, v, (b, t), generator=g)
+    mask = torch.arange(t)[None, :] < torch.tensor(GSPO_LENGTHS)[:, None]
+    adv = torch.tensor([1.0, -0.5, 2.0, -1.5, 0.7, -1.0], dtype=torch.float64)
+    old = sparsify(old_logits.view(-1, v), tokens.view(-1), k=3, delta=1e-3)
+    return logits, tokens, mask, adv, old, old_logits
+
+
+def gspo_from_the_paper(logits, old_logits, tokens, mask, adv, eps_low=3e-4, eps_high=4e-4):
+    """-J_GSPO, written from the GSPO paper's equation (Zheng et al. 2025), dense, one response at a time:
+    J = (1/G) sum_i min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i), s_i = (pi(y_i|x) / pi_old(y_i|x))^(1/|y_i|),
+    pi(y_i|x) the product of the response's token probabilities. Also returns each s_i (no gradient)."""
+    logp = torch.log_softmax(logits, -1).gather(-1, tokens[..., None])[..., 0]
+    logp_old = torch.log_softmax(old_logits, -1).gather(-1, tokens[..., None])[..., 0]
+    terms, ratios = [], []
+    for i in range(len(adv)):
+        real = mask[i]
+        s_i = torch.exp((logp[i][real].sum() - logp_old[i][real].sum()) / real.sum())
+        terms.append(torch.minimum(s_i * adv[i], torch.clamp(s_i, 1 - eps_low, 1 + eps_high) * adv[i]))
+        ratios.append(float(s_i))
+    return -torch.stack(terms).mean(), torch.tensor(ratios, dtype=torch.float64)
+
+
+def test_gspo_is_the_papers_mean_over_sequences_by_default():
+    """ppo_clip(level="sequence") with nothing else given is GSPO's objective: the paper's range and its mean over
+    the responses, each counted once whatever its length (as verl's compute_policy_loss_gspo, which hard-codes
+    seq-mean-token-mean), in value and gradient, against the independent formula above on ragged responses where
+    all three branches occur. The token mean, the default before, weighs responses by length: another value."""
+    logits, tokens, mask, adv, old, old_logits = gspo_batch()
+    expected, s = gspo_from_the_paper(logits, old_logits, tokens, mask, adv)
+    inside = (s >= 1 - 3e-4) & (s <= 1 + 4e-4)
+    flat = ~inside & (((adv > 0) & (s > 1)) | ((adv < 0) & (s < 1)))  # clip binds: no gradient
+    assert inside.tolist() == [True, False, True, False, False, True]
+    assert flat.tolist() == [False, False, False, True, False, False]
+    loss, m = ppo_clip(logits, tokens, mask, adv, old, level="sequence")
+    assert float(loss.detach()) == pytest.approx(float(expected.detach()), abs=1e-12)
+    (g,) = torch.autograd.grad(loss, logits)
+    (g_ref,) = torch.autograd.grad(expected, logits)
+    torch.testing.assert_close(g, g_ref, atol=1e-12, rtol=0)
+    assert g[3].abs().max() == 0 and all(g[i].abs().max() > 0 for i in (0, 1, 2, 4, 5))
+    assert m["ratio_max"] == pytest.approx(float(s.max()), abs=1e-12)
+    named, _ = ppo_clip(logits, tokens, mask, adv, old, level="sequence", agg="seq-mean-token-mean")
+    assert torch.equal(loss, named)
+    token_mean, _ = ppo_clip(logits, tokens, mask, adv, old, level="sequence", agg="token-mean")  # a given agg wins
+    assert abs(float(token_mean.detach()) - float(expected.detach())) > 0.05
+    per_token, _ = ppo_clip(logits, tokens, mask, adv, old)  # per token the default stays the token mean
+    named, _ = ppo_clip(logits, tokens, mask, adv, old, agg="token-mean")
+    assert torch.equal(per_token, named)
+
+
+def test_troll_at_sequence_level_is_a_mean_over_sequences_by_default():
+    """troll_loss(level="sequence") defaults to seq-mean-token-mean for both terms: the policy term -mean_i A_i s_i
+    with TROLL's projected ratios, the regression term mean_i of each response's mean KL(p || sg(pi*)). Bit for bit
+    the named mode; with nothing projected (eps large) the policy term is GSPO's unclipped objective from the
+    paper's formula. The token mean gives another value. The library's and the config's defaults are one table."""
+    from troll import config, losses
+
+    logits, tokens, mask, adv, old, old_logits = gspo_batch()
+    kw = dict(k=3, delta=1e-3, eps=0.01)
+    loss, m = troll_loss(logits, tokens, mask, adv, old, level="sequence", **kw)
+    named, m_named = troll_loss(logits, tokens, mask, adv, old, level="sequence", agg="seq-mean-token-mean", **kw)
+    assert torch.equal(loss, named) and m == m_named and m["frac_active"] > 0 and m["regression"] > 0
+    (g,) = torch.autograd.grad(loss, logits)
+    (g_named,) = torch.autograd.grad(named, logits)
+    assert torch.equal(g, g_named)
+    token_mean, _ = troll_loss(logits, tokens, mask, adv, old, level="sequence", agg="token-mean", **kw)
+    assert abs(float(token_mean.detach()) - float(loss.detach())) > 0.05
+    free, m_free = troll_loss(logits, tokens, mask, adv, old, level="sequence", k=3, delta=1e-3, eps=50.0)
+    expected, _ = gspo_from_the_paper(logits, old_logits, tokens, mask, adv, eps_low=1.0, eps_high=math.inf)
+    assert m_free["frac_active"] == 0 and float(free.detach()) == pytest.approx(float(expected.detach()), abs=1e-12)
+    (g_free,) = torch.autograd.grad(free, logits)
+    (g_ref,) = torch.autograd.grad(expected, logits)
+    torch.testing.assert_close(g_free, g_ref, atol=1e-12, rtol=0)
+    assert losses.DEFAULT_AGG == config.DEFAULT_AGG == {"token": "token-mean", "sequence": "seq-mean-token-mean"}
+    for fn in (troll_loss, ppo_clip):
+        assert inspect.signature(fn).parameters["agg"].default is None  # resolved from level
+
+
 def test_all_losses_share_one_signature_and_metric_keys():
     logits, tokens, mask, adv, old = ragged_batch(seed=2)
     keys = None
