@@ -26,14 +26,14 @@ sg(s_i) r_t / sg(r_t); TROLL's r_t are the projected ratios. `agg` (the same for
     seq-mean-token-mean      mean_i(sum_t(x m) / sum_t(m))
     seq-mean-token-sum-norm  mean_i(sum_t(x m) / T_norm)        (Dr.GRPO; T_norm = norm_len, or T)
 
-with mean_i over the responses that have a real token. `agg` left None is DEFAULT_AGG[level]: token-mean per token,
-seq-mean-token-mean per sequence, so GSPO is its paper's mean over sequences, each counted once whatever its length:
+with mean_i over the responses that have a real token. `agg` left None is DEFAULT_AGG[level]: token-mean per token;
+seq-mean-token-mean per sequence, so GSPO is its paper's mean over the responses, each once whatever its length
+(a response's tokens all carry s_i, and the mean of their gradients is the gradient of s_i):
 
     ppo_clip  -mean_i min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i)
-    troll     -mean_i A_i s_i + alpha mean_i(mean_t KL_t(p || sg(pi*)))   (each response's mean regression)
+    troll     -mean_i A_i s_i + alpha mean_i(mean_t KL(p || sg(pi*)))       s_i from the projected ratios
 
-(a sequence's tokens all carry its value, and their mean's gradient is that of s_i). dppo and cispo have no
-sequence level: token-mean. Off-policy data (section 10b): `behaviour_logp` [B, T], the
+dppo and cispo have no sequence level: token-mean. Off-policy data (section 10b): `behaviour_logp` [B, T], the
 sampler's log mu(y), weighs each token's policy term by the constant w = sg(min(q(y) / mu(y), is_cap)), per response
 (GSPO's geometric mean) at level="sequence"; the trust region stays around q. `is_weight` [B, T] hands in another
 weight instead (TRL's modes: troll.integrations.is_weights). Without either, every loss is as above bit for bit.
@@ -259,7 +259,8 @@ def troll_loss(
     is_weight: Tensor | None = None,
 ) -> LossOut:
     """TROLL: importance ratio of the projected policy, plus the regression of p onto sg(pi*); with behaviour_logp
-    (or is_weight) the ratio term is weighted by w = sg(min(q(y) / mu(y), is_cap)) (module docstring)."""
+    (or is_weight) the ratio term is weighted by w = sg(min(q(y) / mu(y), is_cap)) (module docstring). agg left
+    None is DEFAULT_AGG[level]: token-mean, or per sequence the mean over responses of both terms."""
     check_troll_settings(eps, alpha, k, delta, support)  # before any work (project_sparse checks eps again)
     agg = default_agg(level) if agg is None else agg
     s, w, is_metrics = _support(
@@ -300,7 +301,8 @@ def ppo_clip(
     is_weight: Tensor | None = None,
 ) -> LossOut:
     """PPO's clipped surrogate; eps_high = 0.28 gives Clip-Higher. A range left None is CLIP_RANGE[level]'s: 0.2
-    per token, GSPO's 3e-4 / 4e-4 per sequence. With behaviour_logp: w times it (module docstring)."""
+    per token, GSPO's 3e-4 / 4e-4 per sequence; agg left None DEFAULT_AGG[level]'s: token-mean per token, GSPO's
+    mean over responses (seq-mean-token-mean) per sequence. With behaviour_logp: w times it (module docstring)."""
     low, high = CLIP_RANGE.get(level, CLIP_RANGE["token"])
     eps_low, eps_high = low if eps_low is None else eps_low, high if eps_high is None else eps_high
     agg = default_agg(level) if agg is None else agg

@@ -44,7 +44,8 @@ logging and checkpoints. What TROLL adds or replaces:
                    bnpo       token-mean                   1 / GA
                    grpo       seq-mean-token-mean          1 / GA
                    dr_grpo    seq-mean-token-sum-norm      1 / GA   (T_norm = max_completion_length)
-                   importance_sampling_level "sequence" -> level="sequence" (GSPO with projected ratios)
+                   importance_sampling_level "sequence" -> level="sequence" (GSPO with projected ratios), the
+                   agg still the loss_type's, as in TRL (its GSPO recipe: loss_type "grpo", a mean over responses)
 
                so each TRL normalisation is reproduced exactly (dapo: the sum over the generation batch divided by
                its token count, as in TRL). With one process and GA = spg = 1 the loss is troll_loss itself.
