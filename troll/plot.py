@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
         p.exit(2, f"{p.prog}: error: {message}\n")
 
     if importlib.util.find_spec("matplotlib") is None:
-        fail("matplotlib is not installed: pip install matplotlib (or troll[plot])")
+        fail("matplotlib is not installed (troll depends on it): pip install -r requirements.txt -e .")
     try:
         with warnings.catch_warnings(record=True) as caught:  # a skipped torn line: one line on stderr
             warnings.simplefilter("always")
