@@ -176,7 +176,7 @@ def test_plot_tolerates_a_torn_last_line(tmp_path):
     assert f"{run / 'metrics.jsonl'} line 3: skipped a torn last line" in warning
     with pytest.warns(UserWarning, match="torn last line"):  # the figure's panels: the complete rows' metrics
         fig = figure([run])
-    assert [ax.get_title() for ax in fig.axes] == ["reward", "eval_acc"]
+    assert [ax.get_title() for ax in fig.axes] == ["Training reward", "Held-out accuracy"]
 
 
 def test_plot_out_is_a_file_and_two_runs_of_one_name(tmp_path):
