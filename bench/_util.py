@@ -1,4 +1,4 @@
-"""Helpers shared by bench/step.py and bench/trl_compare.py: the benchmark reward and small measuring tools.
+"""Helpers shared by the benchmarks (`from bench._util import ...`): the benchmark reward and small measuring tools.
 
 Reward. An untrained model never adds correctly, so the addition reward would be 0 for every sample, every
 advantage 0 and the update a no-op in value (though not in cost). The benches therefore score completions with

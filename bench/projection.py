@@ -66,13 +66,17 @@ import math
 import os
 import resource
 import statistics
+import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # read at torch's first CPU allocation (module docstring)
+if not __package__:  # run as a file (python bench/x.py): the repository root on the path, for `bench` and its troll
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-from _util import int_at_least  # noqa: E402
 
+from bench._util import int_at_least  # noqa: E402
 from troll.cli import run_command
 from troll.losses import ppo_clip, troll_loss  # noqa: E402
 from troll.sparse import sparsify  # noqa: E402

@@ -65,12 +65,12 @@ from itertools import product
 from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+if not __package__:  # run as a file (python bench/x.py): the repository root on the path, for `bench` and its troll
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's troll, before _util imports it
-from _util import comma_list, int_at_least, positive_float  # noqa: E402
-
+from bench._util import comma_list, int_at_least, positive_float  # noqa: E402
 from troll.cli import run_command
 from troll.diagnostics import proc_status_bytes, reset_peak_rss  # noqa: E402
 from troll.lora import add_adapters  # noqa: E402

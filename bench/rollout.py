@@ -49,15 +49,19 @@ import functools
 import os
 import random
 import statistics
+import sys
 import tempfile
 import time
 from collections import defaultdict
+from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported (module docstring)
+if not __package__:  # run as a file (python bench/x.py): the repository root on the path, for `bench` and its troll
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-from _util import int_at_least  # noqa: E402
 
+from bench._util import int_at_least  # noqa: E402
 from troll.cli import run_command
 from troll.rollout import HFGenerator, Rollouts  # noqa: E402
 from troll.tiny import save_tiny, tiny_llama, train_tokenizer  # noqa: E402

@@ -17,12 +17,16 @@ from __future__ import annotations
 import argparse
 import copy
 import os
+import sys
+from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+if not __package__:  # run as a file (python bench/x.py): the repository root on the path, for `bench` and its troll
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-from _util import int_at_least, positive_float  # noqa: E402
 
+from bench._util import int_at_least, positive_float  # noqa: E402
 from troll import addition  # noqa: E402
 from troll.cli import run_command
 from troll.policy import completion_logits  # noqa: E402

@@ -60,11 +60,13 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported (module docstring)
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+if not __package__:  # run as a file (python bench/x.py): the repository root on the path, for `bench` and its troll
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-from _util import REWARDS, cpu_user, int_at_least, median, ratio  # noqa: E402
 
 import troll.train as train  # noqa: E402
+from bench._util import REWARDS, cpu_user, int_at_least, median, ratio  # noqa: E402
 from troll.cli import run_command
 from troll.config import Config  # noqa: E402
 from troll.losses import LOSSES  # noqa: E402

@@ -65,9 +65,10 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported (module docstring)
+if not __package__:  # run as a file (python bench/x.py): the repository root on the path, for `bench` and its troll
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _util import cpu_user, int_at_least, median, parity_reward, positive_float, ratio  # noqa: E402
-
+from bench._util import cpu_user, int_at_least, median, parity_reward, positive_float, ratio  # noqa: E402
 from troll.cli import run_command
 
 INSTALL = 'pip install -e ".[trl]"  (trl>=1.16,<1.17)'

@@ -3,7 +3,7 @@
     python scripts/gpu_env.py            # a table; the last line: "pins: all met" or "pins: N not met (...)"
 
 The pins are requirements.txt's and pyproject.toml's (its dependencies and the extras troll's modules import:
-peft, trl, matplotlib, vllm), read from the files, so the report follows them. Packages troll imports without a
+peft, trl, vllm), read from the files, so the report follows them. Packages troll imports without a
 pin (tokenizers, safetensors, huggingface_hub, accelerate) are listed with their versions. A mismatch is
 reported, never fatal: the lease runs with what the machine has, and the report says which versions ran.
 Exit 0 always (a report); nothing but the standard library, `packaging` and torch is imported.
@@ -23,7 +23,7 @@ import tomllib  # Python >= 3.11 (the lease machine has 3.12)
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parent.parent
-EXTRAS = ("lora", "trl", "plot", "vllm")  # the extras whose packages troll's modules import
+EXTRAS = ("lora", "trl", "vllm")  # the extras whose packages troll's modules import
 UNPINNED = ("tokenizers", "safetensors", "huggingface_hub", "accelerate", "pytest")
 
 

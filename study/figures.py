@@ -167,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         p.exit(2, f"{p.prog}: error: {message}\n")
 
     if importlib.util.find_spec("matplotlib") is None:
-        fail("matplotlib is not installed: pip install matplotlib (or troll[plot])")
+        fail("matplotlib is not installed (troll depends on it): pip install -r requirements.txt -e .")
     if not Path(args.results).is_file():
         fail(f"results file {args.results} does not exist")
     try:

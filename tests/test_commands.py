@@ -176,7 +176,7 @@ def test_plot_tolerates_a_torn_last_line(tmp_path):
     assert f"{run / 'metrics.jsonl'} line 3: skipped a torn last line" in warning
     with pytest.warns(UserWarning, match="torn last line"):  # the figure's panels: the complete rows' metrics
         fig = figure([run])
-    assert [ax.get_title() for ax in fig.axes] == ["reward", "eval_acc"]
+    assert [ax.get_title() for ax in fig.axes] == ["Training reward", "Held-out accuracy"]
 
 
 def test_plot_out_is_a_file_and_two_runs_of_one_name(tmp_path):
@@ -269,3 +269,26 @@ def test_study_out_and_results_paths(tmp_path):
 )
 def test_bench_bad_arguments(script, flags, words):
     refused(command(str(ROOT / "bench" / script), *flags), *words, usage=True)
+
+
+BENCHES = sorted(p.stem for p in (ROOT / "bench").glob("[!_]*.py"))
+
+
+def test_every_bench_script_is_listed():
+    assert BENCHES == ["projection", "real_shapes", "rollout", "sparse_models", "step", "trl_compare"]
+
+
+@pytest.mark.parametrize("name", BENCHES)
+def test_bench_runs_as_a_module_and_as_a_file(name, tmp_path):
+    """`python -m bench.<name>` from the repository root and `python bench/<name>.py` from anywhere, neither with
+    PYTHONPATH: both import bench._util and print the help (the two run at once, one per core)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"OMP_WAIT_POLICY": "PASSIVE"}
+    ways = [(["-m", f"bench.{name}"], ROOT), ([str(ROOT / "bench" / f"{name}.py")], tmp_path)]
+    procs = [
+        subprocess.Popen([sys.executable, *argv, "--help"], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)  # fmt: skip
+        for argv, cwd in ways
+    ]
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0 and out.startswith(f"usage: {name}.py"), (proc.args, err[-2000:])

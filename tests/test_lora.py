@@ -16,8 +16,11 @@ pytest.importorskip("peft")
 from test_train import rows, straight_and_resumed, tiny  # noqa: E402
 
 from troll import lora  # noqa: E402
+from troll.checkpoint import read_jsonl  # noqa: E402
 from troll.config import Config  # noqa: E402
+from troll.export import export  # noqa: E402
 from troll.policy import adapt, base_dtype, build_model  # noqa: E402
+from troll.task import encode  # noqa: E402
 from troll.tiny import tiny_llama, train_tokenizer  # noqa: E402
 from troll.train import train  # noqa: E402
 
@@ -173,7 +176,9 @@ def test_lora_resume_is_bit_exact(tmp_path, varied_reward):
 
 
 def test_export_merges_a_run_into_a_plain_model(tmp_path, varied_reward):
-    from transformers import AutoModelForCausalLM
+    """The export loads as a plain model that computes the LoRA model, with the run's tokenizer: it encodes the raw
+    prompt as training did, and carries no chat template (the addition task never used one)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     train(tiny(tmp_path, lora_rank=4, lora_alpha=8, steps=2))
     out = tmp_path / "run"
@@ -186,6 +191,9 @@ def test_export_merges_a_run_into_a_plain_model(tmp_path, varied_reward):
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
     assert not lora.is_lora(merged) and (tmp_path / "merged" / "tokenizer.json").is_file()
     assert (logits(merged, ids) - logits(lora_model, ids)).abs().max() < 1e-5
+    for folder in (tmp_path / "merged", out / "base", out / "checkpoints" / "step-000002"):
+        saved = AutoTokenizer.from_pretrained(folder)
+        assert saved.chat_template is None and encode(saved, ["12+34="]) == ids.tolist(), folder
 
 
 @pytest.mark.parametrize(
@@ -268,8 +276,12 @@ def test_vllm_backend_lora_run(tmp_path, monkeypatch, varied_reward):
 
 
 def test_tiny_lora_run_learns(tmp_path):
-    """The LoRA command of docs/usage.md on CPU, 50 RL steps: only the adapters train, on the frozen warm-started
-    model, and held-out accuracy rises (seed 0, 500 problems: 0.304 -> 0.562 at step 50)."""
+    """The LoRA commands of docs/usage.md on CPU, 50 RL steps: only the adapters train, on the frozen warm-started
+    model, and held-out accuracy rises (seed 0, 500 problems: 0.304 -> 0.562 at step 50). The export, loaded with
+    plain transformers and prompted with the raw problem as docs/usage.md does, answers as the trainer's own last
+    evaluation did."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     cfg = Config.from_args(
         ["--preset", "tiny-lora", "--out", str(tmp_path / "run"), "--steps", "50", "--eval_size", "500"]
     )
@@ -277,3 +289,16 @@ def test_tiny_lora_run_learns(tmp_path):
     summary = train(cfg)
     assert summary["sft_reached"] and 0.2 < summary["eval_before"] < 0.5
     assert summary["eval_after"] > summary["eval_before"] + 0.15
+
+    export(tmp_path / "run", tmp_path / "merged")
+    tok = AutoTokenizer.from_pretrained(tmp_path / "merged")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
+    assert tok.chat_template is None
+    with pytest.raises(ValueError, match="chat_template is not set"):
+        tok.apply_chat_template([{"role": "user", "content": "04+85="}])
+    last = [r for r in read_jsonl(tmp_path / "run" / "samples.jsonl") if r["step"] == 50]  # troll's own evaluation
+    assert len(last) == cfg.samples_to_log
+    for r in last:
+        ids = tok(r["question"], return_tensors="pt")  # the raw prompt, "04+85=" (docs/usage.md)
+        out = model.generate(**ids, max_new_tokens=cfg.max_new_tokens, do_sample=False)
+        assert tok.decode(out[0, ids.input_ids.shape[1] :], skip_special_tokens=True) == r["completion"], r

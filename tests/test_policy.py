@@ -57,3 +57,17 @@ def test_pad_vocab_grows_the_tokenizer_without_changing_any_encoding(tmp_path):
         pad_vocab(tok, 100)
     model, tokenizer = build_model(Config(vocab_size=512), torch.device("cpu"))
     assert len(tokenizer) == 512 == model.get_output_embeddings().weight.shape[0]
+
+
+@pytest.mark.parametrize(
+    "kw, template",
+    [({}, False), ({"task": "rare", "vocab_size": 300}, False), ({"task": "gsm8k", "chat": True}, True)],
+)
+def test_tiny_tokenizer_has_a_chat_template_only_where_prompts_use_it(kw, template):
+    """The addition tasks prompt with raw text ("04+85="), so their tiny tokenizer (saved with every checkpoint and
+    export) has no chat template; a tiny model on GSM8K with --chat true prompts through troll.tiny's template."""
+    from troll.config import Config
+    from troll.policy import build_model
+
+    tokenizer = build_model(Config(**kw), torch.device("cpu"))[1]
+    assert (tokenizer.chat_template is not None) == template

@@ -212,9 +212,13 @@ def test_tiny_cpu_run_learns(tmp_path):
 
 
 def test_plot_overlays_runs(tmp_path):
-    """One figure, <out>/metrics.png: a panel per metric some run logged, each run one colour in every panel, one
-    legend; the task's behaviour_rate gets its panel when a run logs it (tiny-rare), only that run's curve."""
-    from troll.plot import figure, plot_runs, read_metrics, series
+    """One figure, <out>/metrics.png: a panel per metric some run logged, titled in words, each run one colour in
+    every panel, one legend; the task's behaviour_rate gets its panel when a run logs it (tiny-rare), only that run's
+    curve; the per-update KL's panel also shows each run's mean over its steps (the figure the README quotes)."""
+    from troll.plot import PANELS, figure, plot_runs, read_metrics, series
+
+    def titles(fig) -> list[str]:
+        return [ax.get_title() for ax in fig.axes]
 
     for name, kl in (("troll", 0.05), ("clip", 0.3)):
         (tmp_path / name).mkdir()
@@ -227,7 +231,8 @@ def test_plot_overlays_runs(tmp_path):
     assert written == tmp_path / "plots" / "metrics.png" and written.stat().st_size > 1000
     assert [p.name for p in (tmp_path / "plots").iterdir()] == ["metrics.png"]  # one figure, nothing else
     fig = figure([tmp_path / "troll", tmp_path / "clip"])
-    assert [ax.get_title() for ax in fig.axes] == ["reward", "eval_acc", "kl_after_max"]
+    assert titles(fig) == ["Training reward", "Held-out accuracy", "Largest per-token KL, projected"]
+    assert [ax.get_ylabel() for ax in fig.axes] == [PANELS[k][1] for k in ("reward", "eval_acc", "kl_after_max")]
     assert [[line.get_color() for line in ax.lines] for ax in fig.axes] == [["C0", "C1"]] * 3  # a colour per run
     assert len(fig.legends) == 1 and [t.get_text() for t in fig.legends[0].get_texts()] == ["troll", "clip"]
     assert all(ax.get_legend() is None for ax in fig.axes)  # the legend once, for the figure
@@ -237,8 +242,16 @@ def test_plot_overlays_runs(tmp_path):
     with (tmp_path / "troll" / "metrics.jsonl").open("a") as f:  # a tiny-rare run logs its behaviour's rate
         f.write("".join(json.dumps({"step": s, "behaviour_rate": s / 20}) + "\n" for s in range(1, 6)))
     fig = figure([tmp_path / "troll", tmp_path / "clip"])
-    assert [ax.get_title() for ax in fig.axes] == ["reward", "eval_acc", "behaviour_rate", "kl_after_max"]
+    assert titles(fig) == [PANELS[k][0] for k in ("reward", "eval_acc", "behaviour_rate", "kl_after_max")]
     assert [line.get_color() for line in fig.axes[2].lines] == ["C0"]  # the run that logged it
+    for name, kls in (("troll", (0.018, 0.020)), ("clip", (0.020, 0.022))):  # --kl_update_vocab: the exact update KL
+        with (tmp_path / name / "metrics.jsonl").open("a") as f:
+            f.write("".join(json.dumps({"step": s, "kl_update_mean": kl}) + "\n" for s, kl in enumerate(kls, 6)))
+    fig = figure([tmp_path / "troll", tmp_path / "clip"])
+    assert titles(fig)[3] == "Per-update KL, network"
+    panel = fig.axes[3]  # each run's curve, then its mean over steps, dashed, in the panel's own legend
+    assert [line.get_color() for line in panel.lines] == ["C0", "C0", "C1", "C1"]
+    assert [t.get_text() for t in panel.get_legend().get_texts()] == ["mean 0.019", "mean 0.021"]
     assert figure([tmp_path / "clip"], keys=("behaviour_rate",)) is None  # nothing to draw: no figure
     assert plot_runs([tmp_path / "clip"], tmp_path / "none", keys=("behaviour_rate",)) is None
     assert not (tmp_path / "none").exists()

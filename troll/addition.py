@@ -11,6 +11,9 @@ digit depends on every operand digit, and the tiny model learns some seeds' carr
 figures, both ways: docs/results.md#the-task-format-why-the-sum-is-written-backwards). Reversed output is the
 standard fix (Lee et al., "Teaching Arithmetic to Small Transformers", 2023).
 
+The prompt is this raw text, nothing around it: a saved or exported tiny model is prompted with "04+85=" exactly, and
+its tokenizer has no chat template (troll.policy.build_model; docs/usage.md shows one loaded and prompted).
+
 All 10,000 pairs (a, b), 0 <= a, b <= 99, are shuffled once with a fixed seed: the last 1,000 are held out for
 evaluation, the other 9,000 are for training. Characters are tokens (the tiny tokenizer is byte-level with no
 merges).

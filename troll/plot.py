@@ -3,11 +3,13 @@
     python -m troll.plot runs/tiny-troll runs/tiny-clip --out plots/      # writes plots/metrics.png
 
 Each run is one colour in every panel, labelled by its folder name in one legend above the panels; x is the RL step.
-A panel is drawn for each metric in PANELS that at least one run logged, in this order: what the task pays (training
-reward, held-out accuracy `eval_acc`, and `behaviour_rate` where the task names a behaviour, as tiny-rare does), the
-trust region (the largest per-token KL of the network and of the projected policy, the share of tokens the loss
-bounds), then entropy, response length and gradient norm. The held-out accuracy starts at step 0, the evaluation
-before RL, so its curve shows the starting point and the gain. `figure` returns the same figure for a notebook.
+A panel, titled in words, is drawn for each metric in PANELS that at least one run logged, in this order: what the
+task pays (training reward, held-out accuracy `eval_acc`, and `behaviour_rate` where the task names a behaviour, as
+tiny-rare does), the trust region (the network's exact per-update KL `kl_update_mean` where the run logs it, as
+tiny-rare does with --kl_update_vocab, with each run's mean over its steps, the per-update KL the README quotes; the
+largest per-token KL of the network and of the projected policy; the share of tokens the loss bounds), then entropy,
+response length and gradient norm. The held-out accuracy starts at step 0, the evaluation before RL, so its curve
+shows the starting point and the gain. `figure` returns the same figure for a notebook.
 
 Usage errors exit 2 with one line naming the problem: a missing run directory, a missing or empty metrics.jsonl, a
 line in it that is not a JSON object (named by file and line), a row without an integer "step". A torn last line
@@ -32,17 +34,19 @@ from troll.cli import run_command
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-PANELS = {  # metrics.jsonl key -> what its y axis shows (troll.train.rl_step writes the keys)
-    "reward": "mean reward of the batch",
-    "eval_acc": "held-out greedy accuracy",
-    "behaviour_rate": "samples showing the behaviour",
-    "kl_before_max": "max per-token KL, network",
-    "kl_after_max": "max per-token KL, projected",
-    "frac_active": "tokens projected / clipped",
-    "entropy": "mean token entropy",
-    "response_len_mean": "tokens per response",
-    "grad_norm": "gradient norm",
+PANELS = {  # metrics.jsonl key (troll.train.rl_step writes them) -> (the panel's title, what its y axis shows)
+    "reward": ("Training reward", "mean reward of the step's samples"),
+    "eval_acc": ("Held-out accuracy", "greedy, fraction solved"),
+    "behaviour_rate": ("Samples showing the behaviour", "fraction of the step's samples"),
+    "kl_update_mean": ("Per-update KL, network", "KL(new || old), mean per token"),
+    "kl_before_max": ("Largest per-token KL, network", "max KL(p || q) in the update"),
+    "kl_after_max": ("Largest per-token KL, projected", "max KL(pi* || q) in the update"),
+    "frac_active": ("Tokens projected (fraction)", "projected (TROLL) or clipped"),
+    "entropy": ("Entropy", "mean per token, nats"),
+    "response_len_mean": ("Response length", "tokens per response"),
+    "grad_norm": ("Gradient norm", "before clipping"),
 }
+MEAN_SHOWN = ("kl_update_mean",)  # panels that also show each run's mean over its steps (the figure docs quote)
 DEFAULT_KEYS = tuple(PANELS)
 FIGURE_NAME = "metrics.png"
 COLUMNS = 3
@@ -95,8 +99,9 @@ def curves(data: dict[str, list[dict]], keys: Sequence[str]) -> dict[str, dict[s
 
 
 def figure(runs: Sequence[str | Path], keys: Sequence[str] = DEFAULT_KEYS) -> Figure | None:
-    """One figure: a panel (an Axes titled by its key) per key that at least one run logged, COLUMNS to a row, each
-    run one colour throughout, one legend for the figure. None when no run logged any of `keys`."""
+    """One figure: a panel (an Axes titled in words, PANELS; a key PANELS lacks titles its own) per key that at
+    least one run logged, COLUMNS to a row, each run one colour throughout, one legend for the figure. None when no
+    run logged any of `keys`."""
     from matplotlib.figure import Figure  # no pyplot: leaves a notebook's inline backend alone
     from matplotlib.lines import Line2D
     from matplotlib.ticker import MaxNLocator
@@ -113,8 +118,14 @@ def figure(runs: Sequence[str | Path], keys: Sequence[str] = DEFAULT_KEYS) -> Fi
     for ax, (key, lines) in zip(axes, panels.items(), strict=False):
         for name, pts in lines.items():
             ax.plot(*zip(*pts, strict=True), color=colour[name], marker="o" if len(pts) < 20 else None, ms=3)
-        ax.set_title(key, fontsize=10)
-        ax.set_ylabel(PANELS.get(key, key), fontsize=8)
+            if key in MEAN_SHOWN:
+                mean = sum(v for _, v in pts) / len(pts)
+                ax.axhline(mean, color=colour[name], ls="--", lw=0.8, label=f"mean {mean:.3f}")
+        title, ylabel = PANELS.get(key, (key, ""))
+        ax.set_title(title, fontsize=10)
+        ax.set_ylabel(ylabel, fontsize=8)
+        if key in MEAN_SHOWN:
+            ax.legend(fontsize=7, frameon=False, handlelength=1.5)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # RL steps
         ax.tick_params(labelsize=8)
         ax.grid(alpha=0.3)
@@ -122,7 +133,7 @@ def figure(runs: Sequence[str | Path], keys: Sequence[str] = DEFAULT_KEYS) -> Fi
         fig.delaxes(ax)
     handles = [Line2D([], [], color=colour[name], label=name) for name in data]
     fig.legend(handles=handles, loc="outside upper center", ncol=min(len(data), 5), fontsize=9, frameon=False)
-    fig.supxlabel("RL step (eval_acc from step 0, the evaluation before RL)", fontsize=9)
+    fig.supxlabel("RL step (held-out accuracy from step 0, the evaluation before RL)", fontsize=9)
     return fig
 
 
@@ -149,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
         p.exit(2, f"{p.prog}: error: {message}\n")
 
     if importlib.util.find_spec("matplotlib") is None:
-        fail("matplotlib is not installed: pip install matplotlib (or troll[plot])")
+        fail("matplotlib is not installed (troll depends on it): pip install -r requirements.txt -e .")
     try:
         with warnings.catch_warnings(record=True) as caught:  # a skipped torn line: one line on stderr
             warnings.simplefilter("always")

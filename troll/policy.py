@@ -56,6 +56,9 @@ TINY = dict(hidden=128, layers=2, heads=4)  # the tiny-cpu preset's model: 0.59M
 
 def build_model(cfg: Config, device: torch.device, path: str | Path | None = None) -> tuple[Any, Any]:
     """(model, tokenizer): the tiny local Llama (`cfg.model == "tiny"`), or `path` / cfg.model via transformers.
+    The tiny tokenizer keeps troll.tiny's ChatML template only where the run's prompts go through it (GSM8K with
+    `cfg.chat`): the addition tasks prompt with raw text, so the checkpoints and exports of those runs carry no chat
+    template and `apply_chat_template` fails rather than giving a format the model never saw.
     With `cfg.lora_rank` the base comes in `base_dtype(cfg)` and without adapters (`adapt` adds them after the
     warm-start), unless `path` is a LoRA checkpoint: then its adapters on the run's base (troll.lora)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -70,6 +73,8 @@ def build_model(cfg: Config, device: torch.device, path: str | Path | None = Non
         tokenizer = train_tokenizer(addition.corpus(), vocab_size=64)  # 260 tokens: the 256 bytes + specials
         if cfg.vocab_size:  # a long-tailed softmax, as an LLM's: unused tokens up to vocab_size (troll.tiny)
             tokenizer = pad_vocab(tokenizer, cfg.vocab_size)
+        if not (cfg.task == "gsm8k" and cfg.chat):  # raw prompts ("04+85="): no chat template it never saw
+            tokenizer.chat_template = None
         model = tiny_llama(tokenizer, **TINY, seed=cfg.seed)
     else:
         src = path or cfg.model

@@ -7,7 +7,8 @@ Choices, all fixed here:
   `<|pad|>` (pad), `<|bos|>` (bos), `<|im_end|>` (eos), `<|im_start|>`. No token is added
   automatically when encoding; the ChatML-style `chat_template` writes
   `<|im_start|>{role}\\n{content}<|im_end|>\\n` per message and `<|im_start|>assistant\\n` as the
-  generation prompt, so a completion ends with eos = `<|im_end|>`, as in Qwen's chat models.
+  generation prompt, so a completion ends with eos = `<|im_end|>`, as in Qwen's chat models. Stand-ins for chat
+  models (GSM8K tests) keep it; troll.policy drops it from the addition tasks' model, which is prompted raw.
 - Model: `LlamaForCausalLM` (not Qwen2: with `model_type=qwen2`, `AutoTokenizer` and vLLM load a
   Qwen2 tokenizer class instead of the saved one; see docs/vllm_cpu.md), float32, untied
   embeddings (so a weight push must send `lm_head.weight`), MLP width 4 * hidden, no GQA.
