@@ -195,6 +195,7 @@ def test_memory_check_against_the_model():
     assert check.memory_check(cfg, "tiny", windows, "cpu", 1)[0].startswith("not applicable")
 
 
+@pytest.mark.slow
 def test_a_failed_check_exits_1_with_one_line(tmp_path, gsm8k_dir, monkeypatch, capsys):
     """A loss that returns NaN: the run goes on (the steps are skipped), the finite-loss check fails, the exit
     status is 1 and stderr ends with one line naming the check and the report (progress bars come before it)."""

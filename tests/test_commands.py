@@ -82,6 +82,7 @@ def test_evaluate_folder_without_model_names_the_missing_files(tmp_path, data_di
     assert "weights" in line and "tokenizer" in line and "config.json" not in line
 
 
+@pytest.mark.slow
 def test_evaluate_run_directory(tmp_path, data_dir, model_dir):
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
@@ -114,6 +115,7 @@ def test_evaluate_unknown_hub_name_fails_fast(offline, data_dir, tmp_path):
     assert "not in the local cache" in line or "not a model on the hub" in line, line
 
 
+@pytest.mark.slow
 def test_evaluate_bad_data_and_numbers(tmp_path, model_dir, data_dir):
     refused(evaluate("--model", str(model_dir), "--data", str(tmp_path / "none")), "does not exist")
     (tmp_path / "empty").mkdir()
@@ -136,6 +138,7 @@ def plot(*argv: str) -> subprocess.CompletedProcess:
     return command("-m", "troll.plot", *argv)
 
 
+@pytest.mark.slow
 def test_plot_missing_or_empty_run(tmp_path):
     refused(plot(str(tmp_path / "nope"), "--out", str(tmp_path / "p")), f"run directory {tmp_path / 'nope'}")
     refused(plot(str(tmp_path), "--out", str(tmp_path / "p")), "metrics.jsonl does not exist")
@@ -179,6 +182,7 @@ def test_plot_tolerates_a_torn_last_line(tmp_path):
     assert [ax.get_title() for ax in fig.axes] == ["Training reward", "Held-out accuracy"]
 
 
+@pytest.mark.slow
 def test_plot_out_is_a_file_and_two_runs_of_one_name(tmp_path):
     for name in ("a/run", "b/run"):
         (tmp_path / name).mkdir(parents=True)
@@ -250,6 +254,7 @@ def test_study_out_and_results_paths(tmp_path):
 # ---------------------------------------------------------------------------------------------------- bench
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("script", "flags", "words"),
     [
@@ -278,6 +283,7 @@ def test_every_bench_script_is_listed():
     assert BENCHES == ["projection", "real_shapes", "rollout", "sparse_models", "step", "trl_compare"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", BENCHES)
 def test_bench_runs_as_a_module_and_as_a_file(name, tmp_path):
     """`python -m bench.<name>` from the repository root and `python bench/<name>.py` from anywhere, neither with

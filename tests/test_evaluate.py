@@ -49,6 +49,7 @@ def test_command_writes_predictions_and_summary(tmp_path, tiny_dir, gsm8k_dir, c
     assert "GSM8K greedy pass@1" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_vllm_greedy_equals_transformers_greedy(tiny_dir, monkeypatch):
     """The command's two backends (padded output layer: the vLLM side masks it with its logits processor)."""
     pytest.importorskip("vllm")

@@ -55,6 +55,7 @@ def test_a_part_past_the_budget_is_skipped_and_said(tmp_path):
     assert "part rare-troll-seed0: skipped" in log
 
 
+@pytest.mark.slow
 def test_lease_parts_picks_parts_by_file_or_by_name(tmp_path):
     """LEASE_PARTS="env check-tiny" runs the environment part (by its file) and the check (by its name) alone; the
     rest are skipped with a line each (what a second lease does with what the first missed)."""

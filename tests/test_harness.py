@@ -64,6 +64,7 @@ def test_truncation_is_atomic(tmp_path, monkeypatch):
     assert path.read_bytes() == before
 
 
+@pytest.mark.slow
 def test_killed_during_the_first_checkpoint_restarts_or_resumes(tmp_path, monkeypatch, capsys):
     """Killed while the step-0 checkpoint is written (a temporary folder, no `latest`): the same command starts
     the run again, and `--resume true` does too."""
@@ -94,6 +95,7 @@ def test_killed_during_the_first_checkpoint_restarts_or_resumes(tmp_path, monkey
     assert [m["step"] for m in rows(tmp_path / "b" / "run")] == [1]
 
 
+@pytest.mark.slow
 def test_a_second_process_on_the_same_out_is_refused(tmp_path):
     cfg = tiny(tmp_path)
     run = Run.open(cfg)
@@ -106,6 +108,7 @@ def test_a_second_process_on_the_same_out_is_refused(tmp_path):
         run.lock.close()
 
 
+@pytest.mark.slow
 def test_foreign_files_are_not_overwritten(tmp_path):
     """A directory holding a finished run's files without checkpoints (or another config's) is refused, naming
     the files; nothing in it changes."""
@@ -154,6 +157,7 @@ def test_resume_refuses_settings_that_cannot_change(tmp_path):
         train(dataclasses.replace(cfg, resume=True, steps=2, loss="cispo"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["trainer.pt", "model.safetensors", "tokenizer"])
 def test_a_damaged_checkpoint_is_named_and_the_older_one_used(tmp_path, damage, capsys):
     cfg = tiny(tmp_path, steps=2, save_every=1)
@@ -185,6 +189,7 @@ def test_state_from_an_older_troll_is_refused(tmp_path):
         train(dataclasses.replace(cfg, resume=True))
 
 
+@pytest.mark.slow
 def test_out_that_is_a_file_is_named(tmp_path):
     (tmp_path / "run").write_text("not a folder")
     with pytest.raises(RunError, match="cannot be a run directory"):
@@ -193,6 +198,7 @@ def test_out_that_is_a_file_is_named(tmp_path):
     assert done.returncode == 2 and "cannot be a run directory" in done.stderr and "Traceback" not in done.stderr
 
 
+@pytest.mark.slow
 def test_missing_model_or_data_is_one_line_before_any_work(tmp_path):
     for argv, words in (
         (["--model", str(tmp_path / "nope")], "does not exist"),
@@ -213,6 +219,7 @@ def test_resume_accepts_the_same_out_written_differently(tmp_path):
     assert [m["step"] for m in rows(tmp_path / "run")] == [1, 2]
 
 
+@pytest.mark.slow
 def test_a_resume_change_is_recorded_even_if_killed_before_the_next_checkpoint(tmp_path, monkeypatch):
     """`--resume true --lr X --steps 3` rewrites config.json at once; killed before its next checkpoint, the next
     plain resume still applies and records the change: resume compares against the checkpoint's settings."""
@@ -233,6 +240,7 @@ def test_a_resume_change_is_recorded_even_if_killed_before_the_next_checkpoint(t
     assert [m["lr"] for m in rows(tmp_path / "run")][1:] == [pytest.approx(1e-3)] * 2
 
 
+@pytest.mark.slow
 def test_batches_sampled_ahead_resume_from_any_entry_point(tmp_path):
     """A checkpoint written by `python -m troll.train --staleness 1` holds its pending batch as troll.rollout.Batch,
     so the API (or a notebook, or the study) resumes it too."""

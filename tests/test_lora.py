@@ -160,6 +160,7 @@ def test_lora_run_checkpoints_adapters_and_keeps_its_base_once(tmp_path, varied_
         assert torch.equal(tensor, saved[name]), name  # the base did not
 
 
+@pytest.mark.slow
 def test_lora_resume_is_bit_exact(tmp_path, varied_reward):
     """Resumed at step 2, step 3 is the uninterrupted run's: metrics and every adapter weight bit for bit."""
     kw = dict(lora_rank=4, lora_alpha=8, save_every=1)
@@ -175,6 +176,7 @@ def test_lora_resume_is_bit_exact(tmp_path, varied_reward):
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
+@pytest.mark.slow
 def test_export_merges_a_run_into_a_plain_model(tmp_path, varied_reward):
     """The export loads as a plain model that computes the LoRA model, with the run's tokenizer: it encodes the raw
     prompt as training did, and carries no chat template (the addition task never used one)."""
@@ -221,6 +223,7 @@ def test_lora_run_without_its_base_names_it(tmp_path, varied_reward):
         train(dataclasses.replace(tiny(tmp_path, lora_rank=4, lora_alpha=8), steps=2, resume=True))
 
 
+@pytest.mark.slow
 @pytest.mark.vllm
 @pytest.mark.parametrize("targets", ["all-linear", "q_proj,v_proj"])
 def test_vllm_follows_the_lora_model_after_every_push(tmp_path, monkeypatch, targets):
@@ -262,6 +265,7 @@ def test_lora_config_checks():
     assert Config.from_args(["--lora_rank", "8", "--lora_targets", "q_proj,v_proj"]).lora_rank == 8
 
 
+@pytest.mark.slow
 @pytest.mark.vllm
 def test_vllm_backend_lora_run(tmp_path, monkeypatch, varied_reward):
     """The LoRA loop on the vLLM engine: every push (after each update, and at the start of the run) passes the
@@ -275,6 +279,7 @@ def test_vllm_backend_lora_run(tmp_path, monkeypatch, varied_reward):
     assert all(abs(r["mismatch_logratio_absmax"]) < 1e-3 for r in m)  # float32 engine: the trainer's policy
 
 
+@pytest.mark.slow
 def test_tiny_lora_run_learns(tmp_path):
     """The LoRA commands of docs/usage.md on CPU, 50 RL steps: only the adapters train, on the frozen warm-started
     model, and held-out accuracy rises (seed 0, 500 problems: 0.304 -> 0.562 at step 50). The export, loaded with

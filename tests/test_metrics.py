@@ -23,6 +23,7 @@ def test_a_key_counts_only_where_it_was_logged_and_zero_weights_give_the_mean():
     assert merge([]) == {}
 
 
+@pytest.mark.slow
 def test_optional_backends_are_imported_only_when_asked_for():
     """Importing the trainer and its config loads neither tensorboard nor wandb (`--log_to none`, the default)."""
     import subprocess

@@ -92,6 +92,7 @@ if not torch.cuda.is_available():
     MISUSE.append(("troll.train", ["--out", "{w}/new", "--device", "cuda"], ["--device cuda", "--device cpu"]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("module", "flags", "words"), MISUSE, ids=lambda x: " ".join(x) if isinstance(x, list) else x)
 def test_misuse_is_one_line_and_writes_nothing(workdir, module, flags, words):
     before = files(workdir)
@@ -101,6 +102,7 @@ def test_misuse_is_one_line_and_writes_nothing(workdir, module, flags, words):
     assert not (workdir / "new").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("module", "flags"),
     [("troll.train", ["--backend", "vllm"]), ("troll.evaluate", ["--model", "{w}/run", "--backend", "vllm"])],
@@ -147,6 +149,7 @@ DAMAGE = {  # what is done to the run, and what the resumed run says about it (s
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", list(DAMAGE))
 def test_a_damaged_run_file_is_repaired_and_the_run_goes_on(finished_run, tmp_path, damage):
     run = tmp_path / "run"
@@ -163,6 +166,7 @@ def test_a_damaged_run_file_is_repaired_and_the_run_goes_on(finished_run, tmp_pa
     assert (run / "checkpoints" / "latest").read_text().strip() == "step-000003"
 
 
+@pytest.mark.slow
 def test_no_whole_checkpoint_names_the_command_that_continues(finished_run, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(finished_run, run)
@@ -185,6 +189,7 @@ def as_from_a_shell() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
+@pytest.mark.slow
 def test_ctrl_c_says_how_to_continue(tmp_path):
     out = tmp_path / "run"
     argv = [sys.executable, "-m", "troll.train", "--out", str(out), "--steps", "500", *TINY]
@@ -200,6 +205,7 @@ def test_ctrl_c_says_how_to_continue(tmp_path):
     one_line(result, 130, "interrupted", f"python -m troll.train --out {out} --resume true")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "argv, prog",
     [
@@ -228,6 +234,7 @@ def test_ctrl_c_in_the_check_and_a_benchmark_is_one_line(tmp_path, argv, prog):
     one_line(subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr), 130, prog, "interrupted")
 
 
+@pytest.mark.slow
 def test_ctrl_c_in_the_checks_child_process_is_one_line(tmp_path):
     """Ctrl-C as a terminal (or `timeout --signal=INT`) sends it, to the whole process group, while the check's
     watched run works in its child process: one line, exit 130, no traceback from either process."""

@@ -34,6 +34,7 @@ def synthetic_rows() -> list[dict]:
     return rows
 
 
+@pytest.mark.slow
 def test_figures_from_a_synthetic_results_file(tmp_path):
     path = tmp_path / "results.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in synthetic_rows()))
@@ -70,6 +71,7 @@ def test_the_study_keeps_the_task_and_warm_start_it_ran_with(tmp_path):
         assert (cfg.reverse_sum, cfg.sft_steps, cfg.sft_batch, cfg.sft_target) == (False, 250, 64, 0.0)
 
 
+@pytest.mark.slow
 def test_a_two_run_study_finishes_resumes_and_draws(tmp_path, capsys):
     out, results = tmp_path / "runs", tmp_path / "results.jsonl"
     argv = [*SMOKE, "--out", str(out), "--results", str(results)]

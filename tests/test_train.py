@@ -99,6 +99,7 @@ def test_behaviour_policy_as_anchor(tmp_path, varied_reward):
     assert len(m) == 2 and m[0]["kl_before_max"] >= 0 and math.isfinite(m[1]["policy"])
 
 
+@pytest.mark.slow
 def test_vllm_backend_two_steps(tmp_path, monkeypatch, varied_reward):
     pytest.importorskip("vllm")
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -110,6 +111,7 @@ def test_vllm_backend_two_steps(tmp_path, monkeypatch, varied_reward):
     assert all(0.0 <= acc <= 1.0 for _, acc in evals(tmp_path / "run"))
 
 
+@pytest.mark.slow
 def test_vllm_backend_stale_bf16_rollouts_resume_exactly(tmp_path, monkeypatch, varied_reward):
     """--staleness and --rollout_dtype bfloat16 on the vLLM engine: the mismatch metrics see the bf16 sampler, and
     a run resumed at step 2 (a fresh engine, the pending batch from the checkpoint) repeats step 3 exactly."""
@@ -197,6 +199,7 @@ def test_gsm8k_preset_one_step_with_a_local_stand_in(tmp_path, gsm8k_dir):
     assert samples and "completion" in samples[0]
 
 
+@pytest.mark.slow
 def test_tiny_cpu_run_learns(tmp_path):
     """README's main command, shortened to 50 RL steps: the warm-start stops at its target, so held-out accuracy
     starts near it (measured on 1,000 problems, seeds 0-2: 0.30-0.37), and TROLL raises it fast (seed 0, 1,000

@@ -586,6 +586,7 @@ with open(f"{sys.argv[2]}/rank{acc.process_index}.json", "w") as f:
 """
 
 
+@pytest.mark.slow
 def test_two_processes_gloo(tmp_path, gsm8k_dir):
     """`accelerate launch --multi_gpu --num_processes 2` of the example script with --use_cpu: torchrun starts two
     processes, accelerate picks DDP over gloo; the ranks train on different prompts and end with identical weights.

@@ -32,6 +32,7 @@ def partly_trained():
     return model, tokenizer, record
 
 
+@pytest.mark.slow
 def test_greedy_solves_equals_greedy_decoding(partly_trained):
     model, tokenizer, _ = partly_trained
     rows = ROWS[:256] + addition.problems("test")[:256]
@@ -58,6 +59,7 @@ def test_answer_batch_pads_and_masks_answers_of_any_length():
     assert prompts == [tokenizer("1+1=")["input_ids"], tokenizer("10+90=")["input_ids"]]
 
 
+@pytest.mark.slow
 def test_warm_start_stops_at_the_first_step_where_batch_and_probe_meet_the_target(partly_trained):
     """The reference: the same supervised steps written out, the batch's solved share read from generate on the
     batch before the step, the probe's from generate after it; the first step where both reach the target."""
