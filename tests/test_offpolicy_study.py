@@ -117,6 +117,7 @@ def test_a_setting_runs_with_its_own_loss_and_keeps_the_old_names():
         ("study/sweep.jsonl", []),
         ("study/rare.jsonl", ["--task", "rare", "--vocab_size", "1024", "--out", "runs/rare"]),
         ("study/rare_earlier.jsonl", ["--task", "rare", "--vocab_size", "1024", "--out", "runs/rare"]),
+        ("study/rare_dppo_cap.jsonl", ["--task", "rare", "--vocab_size", "1024", "--out", "runs/rare"]),
         ("study/lora.jsonl", ["--out", "runs/lora"]),
     ],
 )
