@@ -13,15 +13,16 @@ asked of the project's own losses on the project's own sparse old policy. Design
 - The simulator (the policy, its initial rows, the good tokens, an RL step, the rewards and what is measured):
   study/bandit_sim.py.
 - Variants (`VARIANTS`): TROLL with eps 0.01, 0.02, 0.05, 0.1, 0.2; PPO-clip with range 0.1, 0.2, 0.3 and
-  Clip-Higher (0.2 / 0.28); DPPO (Binary-TV) with its ratio cap at the authors' 10 (`dppo`), 2 (`dppo-cap2`:
-  this project's before the cap was a setting) and 20 (verl's); CISPO with eps_high 0.2 (cap 1.2, verl's), 1 and 5.
-  The project's defaults: troll-0.05 and clip-0.2.
+  Clip-Higher (0.2 / 0.28); DPPO (Binary-TV) with its ratio cap at 10 (`dppo`: the project's default, Stable-RL's
+  fallback), 2 (`dppo-cap2`: this project's before the cap was a setting), 20 (verl's fallback) and 10000
+  (`dppo-cap10000`: verl's DPPO example, no cap in effect; docs/algorithm.md, section 6); CISPO with eps_high 0.2
+  (cap 1.2, verl's), 1 and 5. The project's defaults: troll-0.05 and clip-0.2.
 - Cells (`CELLS`; which variants run in each: `CELL_VARIANTS`, sized to the 2 shared cores): `issue` (clean
   reward, 4 passes per batch, lr 0.1, V = 32,000: the issue's own trial) with every variant; `noisy` (its noisy
   reward) with TROLL eps 0.01, 0.05, 0.2, every PPO-clip, DPPO and CISPO setting; `qwen` (the issue cell at Qwen's
   V = 151,936, five times the work per run) with TROLL and PPO-clip at their defaults; `passes1` (1 pass),
   `lr-high` (lr 0.3) and `noisy-lr-high` (the noisy reward at lr 0.3) with TROLL, PPO-clip, CISPO and DPPO at
-  their defaults. 20 RL steps per run, seeds 0-4: 210 runs.
+  their defaults and DPPO uncapped. 20 RL steps per run, seeds 0-4: 235 runs.
 - Results (`--results`, JSONL): one row per run, merged by name after every run; a run recorded with other
   settings is refused, not counted. `--jobs N` (N > 1) runs N spawned worker processes with cores / N threads
   each (study/runner.py); one job runs in this process.
@@ -65,9 +66,10 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "clip-0.2": ("ppo_clip", {"eps_low": 0.2, "eps_high": 0.2}),
     "clip-0.3": ("ppo_clip", {"eps_low": 0.3, "eps_high": 0.3}),
     "clip-higher": ("ppo_clip", {"eps_low": 0.2, "eps_high": 0.28}),
-    "dppo": ("dppo", {"divergence": "binary_tv", "ratio_cap": 10.0}),  # the authors' cap c
+    "dppo": ("dppo", {"divergence": "binary_tv", "ratio_cap": 10.0}),  # the default cap c: Stable-RL's fallback
     "dppo-cap2": ("dppo", {"divergence": "binary_tv", "ratio_cap": 2.0}),
-    "dppo-cap20": ("dppo", {"divergence": "binary_tv", "ratio_cap": 20.0}),  # verl's
+    "dppo-cap20": ("dppo", {"divergence": "binary_tv", "ratio_cap": 20.0}),  # verl's fallback
+    "dppo-cap10000": ("dppo", {"divergence": "binary_tv", "ratio_cap": 10000.0}),  # verl's DPPO example: uncapped
     "cispo": ("cispo", {"eps_high": 0.2}),  # verl's
     "cispo-1": ("cispo", {"eps_high": 1.0}),
     "cispo-5": ("cispo", {"eps_high": 5.0}),  # SkyRL's example
@@ -86,9 +88,9 @@ CELLS = {
     "noisy-lr-high": Cell("noisy", 4, 0.3, 32_000),
 }
 NOISY_SWEEP = ("troll-0.01", "troll-0.05", "troll-0.2", "clip-0.1", "clip-0.2", "clip-0.3", "clip-higher")
-BASELINE_SWEEP = ("dppo", "dppo-cap2", "dppo-cap20", "cispo", "cispo-1", "cispo-5")
+BASELINE_SWEEP = ("dppo", "dppo-cap2", "dppo-cap20", "dppo-cap10000", "cispo", "cispo-1", "cispo-5")
 NOISY_SWEEP += BASELINE_SWEEP
-SMALL = ("troll-0.05", "clip-0.2", "cispo", "dppo")
+SMALL = ("troll-0.05", "clip-0.2", "cispo", "dppo", "dppo-cap10000")  # the defaults, and DPPO uncapped
 CELL_VARIANTS = {"noisy": NOISY_SWEEP, "qwen": SMALL[:2], "passes1": SMALL, "lr-high": SMALL, "noisy-lr-high": SMALL}
 
 

@@ -26,9 +26,10 @@ SETTINGS: dict[str, tuple[str | None, dict]] = {
     **{f"eps{e:g}": ("troll", dict(eps=e)) for e in (0.01, 0.02, 0.1, 0.2)},
     **{f"clip{c:g}": ("ppo_clip", dict(clip_low=c, clip_high=c)) for c in (0.1, 0.3)},
     "clip0.2-0.28": ("ppo_clip", dict(clip_low=0.2, clip_high=0.28)),
-    # DPPO's ratio cap c (default: the authors' 10; 2 is what this project ran before it was a setting) and CISPO's
+    # DPPO's ratio cap c (default 10, Stable-RL's fallback; 2 is what this project ran before it was a setting, 20
+    # verl's fallback, 10000 verl's DPPO example: no cap in effect; docs/algorithm.md, section 6) and CISPO's
     # eps_high (default 0.2, verl's; the cap is 1 + eps_high, and the MiniMax-M1 paper tunes only this bound)
-    **{f"cap{c:g}": ("dppo", dict(dppo_cap=float(c))) for c in (2, 20)},
+    **{f"cap{c:g}": ("dppo", dict(dppo_cap=float(c))) for c in (2, 20, 10000)},
     **{f"eh{e:g}": ("cispo", dict(clip_high=float(e))) for e in (1, 5)},
     # Not a trust-region size: LoRA adapters (rank 8, alpha 16, PEFT's all-linear) on the seed's frozen warm-start,
     # for every loss; the report sets it at its own best learning rate against full fine-tuning at its own.

@@ -63,7 +63,7 @@ VARIANTS: dict[str, dict] = {
     "troll-rest": dict(loss="troll", support="rest"),
     "troll-paper": dict(loss="troll", support="paper"),
     "ppo_clip": dict(loss="ppo_clip"),
-    "dppo-cap2": dict(loss="dppo", dppo_divergence="binary_tv", dppo_cap=2.0),  # as recorded (the authors' c: 10)
+    "dppo-cap2": dict(loss="dppo", dppo_divergence="binary_tv", dppo_cap=2.0),  # as recorded (the default c: 10)
     "cispo": dict(loss="cispo"),
 }
 LRS = (1e-4, 3e-4, 1e-3)

@@ -367,7 +367,7 @@ def test_a_config_saved_before_vocab_size_existed_ran_with_its_added_value(tmp_p
 
 
 def test_a_dppo_run_saved_before_its_cap_was_a_setting_ran_at_two(tmp_path):
-    """DPPO's cap was fixed at 2 before dppo_cap existed (the authors' 10 is the default since): a saved DPPO config
+    """DPPO's cap was fixed at 2 before dppo_cap existed (10 is the default since): a saved DPPO config
     without the field loads at 2 and resumes as it ran; any other loss, which the cap does not touch, takes today's
     default, so its old rows still compare equal to the same run made now."""
     from troll.config import settings

@@ -98,13 +98,14 @@ def test_a_setting_runs_with_its_own_loss_and_keeps_the_old_names():
     assert (higher.clip_low, higher.clip_high, higher.task) == (0.2, 0.28, "addition")
     assert offpolicy.setting_of({"loss": "troll"}) == "default"  # a row from before settings existed
     args = offpolicy.parse(["--seeds", "0", "--lrs", "3e-4", "--sources", "none", "--losses", "dppo", "cispo",
-                            "--settings", "default", "cap2", "cap20", "eh1", "eh5", "clip0.3"])  # fmt: skip
+                            "--settings", "default", "cap2", "cap20", "cap10000", "eh1", "eh5", "clip0.3"])  # fmt: skip
     caps = {(r.loss, r.setting): offpolicy.config(r, args) for r in offpolicy.grid(args)}
     assert {k: c.dppo_cap for k, c in caps.items() if k[0] == "dppo"} == {
         ("dppo", "default"): 10.0,
         ("dppo", "cap2"): 2.0,
         ("dppo", "cap20"): 20.0,
-    }  # the authors' c by default
+        ("dppo", "cap10000"): 10000.0,
+    }  # 10 by default
     assert {k: c.clip_high for k, c in caps.items() if k[0] == "cispo"} == {
         ("cispo", "default"): 0.2, ("cispo", "eh1"): 1.0, ("cispo", "eh5"): 5.0}  # fmt: skip
 
@@ -116,6 +117,7 @@ def test_a_setting_runs_with_its_own_loss_and_keeps_the_old_names():
         ("study/sweep.jsonl", []),
         ("study/rare.jsonl", ["--task", "rare", "--vocab_size", "1024", "--out", "runs/rare"]),
         ("study/rare_earlier.jsonl", ["--task", "rare", "--vocab_size", "1024", "--out", "runs/rare"]),
+        ("study/rare_dppo_cap.jsonl", ["--task", "rare", "--vocab_size", "1024", "--out", "runs/rare"]),
         ("study/lora.jsonl", ["--out", "runs/lora"]),
     ],
 )

@@ -41,7 +41,7 @@ from troll.metrics import logger_missing
 
 # the baselines' defaults that depend on more than one field; troll.losses holds the same values (a test locks them),
 # and this module imports no torch
-DPPO_CAP = 10.0  # DPPO's ratio cap c: sail-sg/Stable-RL's clip_ratio_c
+DPPO_CAP = 10.0  # DPPO's ratio cap c: Stable-RL's fallback for clip_ratio_c (docs/algorithm.md, section 6)
 CLIP_RANGE = {"token": (0.2, 0.2), "sequence": (3e-4, 4e-4)}  # PPO-clip's (eps_low, eps_high); GSPO per sequence
 DEFAULT_AGG = {"token": "token-mean", "sequence": "seq-mean-token-mean"}  # an unset agg's; GSPO: a mean over sequences
 
@@ -125,7 +125,11 @@ class Config:
         "is 1 + clip_high (unset: 0.2)",
     )
     dppo_divergence: str = opt("binary_tv", "DPPO: mask divergence", ("binary_tv", "binary_kl", "topk_tv", "topk_kl"))
-    dppo_cap: float = opt(DPPO_CAP, "DPPO: its stop-gradient ratio truncated at this value (>= 1; the authors' 10)")
+    dppo_cap: float = opt(
+        DPPO_CAP,
+        "DPPO: its stop-gradient ratio truncated at this value (>= 1; 10: the fallback in the authors' code; verl's "
+        "DPPO example: 10000, uncapped)",
+    )
     old_policy: str = opt(
         "recompute", "anchor: the model before the update (paper) or the engine's top-K", ("recompute", "behaviour")
     )

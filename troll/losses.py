@@ -17,7 +17,8 @@ Every loss takes the same inputs and returns (loss, metrics):
     dppo        agg(-A sg(min(r, ratio_cap)) M log p(y))              M = 0 where the update leaves the region
     cispo       agg(-A sg(min(r, 1 + eps_high)) log p(y))             no trust region: the control
 
-Each baseline's defaults are its authors' (section 6: DPPO's thresholds and c = 10, GSPO's range, CISPO's 0.2).
+Each baseline's defaults and where they come from: section 6 (DPPO's thresholds and c = 10, GSPO's range, CISPO's 0.2;
+c = 10 is the fallback in the authors' code, which their config's 3 overrides there).
 
 `level="sequence"` (troll_loss, ppo_clip) is GSPO: s_i = exp(mean_t log r_t) in the straight-through token form
 sg(s_i) r_t / sg(r_t); TROLL's r_t are the projected ratios. `agg` (the same for every term) reduces x [B, T]:
@@ -57,7 +58,9 @@ from troll.sparse import SUPPORTS, SparseDist, Support, atom_kl, build_support, 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 LEVELS = ("token", "sequence")
 DPPO_THRESHOLDS = {"binary_tv": 0.15, "binary_kl": 0.05, "topk_tv": 0.15, "topk_kl": 0.05}
-# DPPO's divergence thresholds and ratio cap c as its authors ship them (sail-sg/Stable-RL: clip_ratio_c = 10)
+# DPPO's divergence thresholds as its authors ship them, and its ratio cap c: 10, the fallback of sail-sg/Stable-RL's
+# config.get("clip_ratio_c", 10.0) (verl's: 20), which their config's own clip_ratio_c = 3.0 overrides; verl's DPPO
+# example sets 10000, no cap in effect. Why 10 stays the default: docs/algorithm.md, section 6
 DPPO_RATIO_CAP = 10.0
 # PPO-clip's (eps_low, eps_high) by level: PPO's 0.2 per token; GSPO's paper (section 5.1) per sequence
 CLIP_RANGE = {"token": (0.2, 0.2), "sequence": (3e-4, 4e-4)}
