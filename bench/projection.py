@@ -61,7 +61,6 @@ one-line SUMMARY with the targets: troll vs clip (same gather) <= 1.10x time and
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import resource
@@ -77,7 +76,7 @@ if not __package__:  # run as a file (python bench/x.py): the repository root on
 import torch  # noqa: E402
 
 from bench._util import int_at_least  # noqa: E402
-from troll.cli import run_command
+from troll.cli import Parser, run_command
 from troll.losses import ppo_clip, troll_loss  # noqa: E402
 from troll.sparse import sparsify  # noqa: E402
 
@@ -182,7 +181,7 @@ def measure(fn, args, device: str) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = Parser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int_at_least(1), default=4096, help="tokens")
     ap.add_argument("--v", type=int_at_least(2), default=151_936, help="vocabulary size")
     ap.add_argument("--repeats", type=int_at_least(1), default=3, help="measured rounds (after a small warm-up)")

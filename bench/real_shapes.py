@@ -71,7 +71,7 @@ if not __package__:  # run as a file (python bench/x.py): the repository root on
 import torch  # noqa: E402
 
 from bench._util import comma_list, int_at_least, positive_float  # noqa: E402
-from troll.cli import run_command
+from troll.cli import Parser, run_command
 from troll.diagnostics import proc_status_bytes, reset_peak_rss  # noqa: E402
 from troll.lora import add_adapters  # noqa: E402
 from troll.losses import ppo_clip, troll_loss  # noqa: E402
@@ -299,7 +299,7 @@ def summary(by: dict) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--plan", default="default", choices=["quick", "default", "full"])
     ap.add_argument("--models", type=comma_list(MODELS), help="comma list of " + ",".join(MODELS))

@@ -62,7 +62,7 @@ if not __package__:  # run as a file (python bench/x.py): the repository root on
 import torch  # noqa: E402
 
 from bench._util import int_at_least  # noqa: E402
-from troll.cli import run_command
+from troll.cli import Parser, run_command
 from troll.rollout import HFGenerator, Rollouts  # noqa: E402
 from troll.tiny import save_tiny, tiny_llama, train_tokenizer  # noqa: E402
 from troll.vllm_engine import VLLMGenerator  # noqa: E402
@@ -110,7 +110,7 @@ def timed(gen, prompts: list[list[int]], args: argparse.Namespace, k: int, seed:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = Parser(description=__doc__.split("\n")[0])
     p.add_argument("--prompts", type=int_at_least(1), default=64)
     p.add_argument("--n", type=int_at_least(1), default=8, help="samples per prompt")
     p.add_argument("--max-new", type=int_at_least(1), default=256)

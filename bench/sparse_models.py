@@ -14,7 +14,6 @@ are inside the trust region.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import os
 import sys
@@ -28,7 +27,7 @@ import torch  # noqa: E402
 
 from bench._util import int_at_least, positive_float  # noqa: E402
 from troll import addition  # noqa: E402
-from troll.cli import run_command
+from troll.cli import Parser, run_command
 from troll.policy import completion_logits  # noqa: E402
 from troll.project import project_sparse  # noqa: E402
 from troll.sparse import SUPPORTS, build_support, sparsify, support_kl  # noqa: E402
@@ -36,7 +35,7 @@ from troll.tiny import tiny_llama, train_tokenizer  # noqa: E402
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--noise", type=positive_float, default=1e-4, help="std of the weight perturbation")
     ap.add_argument("--k", type=int_at_least(1), default=64)
     ap.add_argument("--delta", type=float, default=1e-5)

@@ -49,7 +49,6 @@ spinning OpenMP threads a small CPU model runs up to 10x slower when another pro
 
 from __future__ import annotations
 
-import argparse
 import copy
 import dataclasses
 import os
@@ -67,7 +66,7 @@ import torch  # noqa: E402
 
 import troll.train as train  # noqa: E402
 from bench._util import REWARDS, cpu_user, int_at_least, median, ratio  # noqa: E402
-from troll.cli import run_command
+from troll.cli import Parser, run_command
 from troll.config import Config  # noqa: E402
 from troll.losses import LOSSES  # noqa: E402
 from troll.policy import build_model  # noqa: E402
@@ -130,14 +129,14 @@ def restore(snap: dict, model, opt, sched) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(
+    ap = Parser(
         description=__doc__.split("\n")[0], epilog="Other flags go to troll.config.Config (e.g. --backend vllm)."
     )
     ap.add_argument("--repeats", type=int_at_least(1), default=10, help="measured rounds (each runs both variants)")
     ap.add_argument("--warmup", type=int_at_least(0), default=2, help="untimed rounds first")
     ap.add_argument("--reward", default="parity", choices=[*REWARDS, "task"], help="task = the addition reward")
     a, rest = ap.parse_known_args()
-    cfg = Config.from_args(["--preset", "tiny-cpu", *rest])
+    cfg = Config.from_args(["--preset", "tiny-cpu", *rest], prog=ap.prog)
     device = torch.device("cpu" if cfg.device == "auto" else cfg.device)
 
     t0 = time.perf_counter()

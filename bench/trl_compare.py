@@ -69,7 +69,7 @@ if not __package__:  # run as a file (python bench/x.py): the repository root on
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._util import cpu_user, int_at_least, median, parity_reward, positive_float, ratio  # noqa: E402
-from troll.cli import run_command
+from troll.cli import Parser, run_command
 
 INSTALL = 'pip install -e ".[trl]"  (trl>=1.16,<1.17)'
 SIDES = ("troll", "troll_clip", "trl", "trl_troll")
@@ -256,7 +256,7 @@ def spawn(o: dict) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = Parser(description=__doc__.split("\n")[0])
     ap.add_argument(
         "--rounds", type=int_at_least(1), default=4, help="each round runs every side once, in a fresh process"
     )

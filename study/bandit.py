@@ -53,7 +53,7 @@ from study.runner import (
     t_interval,
     workers,
 )
-from troll.cli import run_command
+from troll.cli import Parser, run_command
 
 FOCUS = 2  # the context reported in the table: the good token at 0.005 (rank 21 of 32,000; the issue's rank 20)
 VARIANTS: dict[str, tuple[str, dict]] = {
@@ -318,7 +318,7 @@ def plot_curves(rows: Sequence[dict], out: Path, cell: str = "issue") -> Path:
 
 
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
+    p = Parser(prog=PROG, description=__doc__.split("\n")[0])
     p.add_argument("--results", default="study/bandit.jsonl", help="results file; default: %(default)s")
     p.add_argument("--cells", nargs="+", default=list(CELLS), choices=list(CELLS))
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))

@@ -9,7 +9,6 @@ per-update KL per loss. A missing, empty or damaged results file exits 2 with on
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import NoReturn
 
 from study.runner import save
 from troll.checkpoint import read_jsonl
-from troll.cli import run_command
+from troll.cli import Parser, run_command
 
 # the fields of a results row that the figures read
 FIELDS = (
@@ -157,7 +156,7 @@ def plot_study(rows: Sequence[dict], out: str | Path) -> list[Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m study.figures", description="Figures of study/run.py's results")
+    p = Parser(prog="python -m study.figures", description="Figures of study/run.py's results")
     p.add_argument("results", help="the results file (JSONL) that study/run.py wrote")
     p.add_argument("--out", default="study/figures", help="folder for the PNGs; default: %(default)s")
     args = p.parse_args(argv)

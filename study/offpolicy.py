@@ -93,7 +93,7 @@ from study.runner import (
     workers,
 )
 from troll import plot
-from troll.cli import fail, run_command
+from troll.cli import Parser, fail, run_command
 from troll.config import Config, settings
 
 PROG = "python -m study.offpolicy"
@@ -193,7 +193,7 @@ def execute(run: Run, cfg: Config) -> dict:
 
 
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
+    p = Parser(prog=PROG, description=__doc__.split("\n")[0])
     p.add_argument(
         "--task",
         default="addition",

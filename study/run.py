@@ -56,7 +56,7 @@ from pathlib import Path
 from study import figures
 from study.runner import merge_results, read_rows, run_all, train_run, workers
 from troll import plot
-from troll.cli import fail, run_command
+from troll.cli import Parser, fail, run_command
 from troll.config import Config, settings
 
 VARIANTS: dict[str, dict] = {
@@ -247,7 +247,7 @@ def _setting(text: str) -> tuple[int, int]:
 
 
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
+    p = Parser(prog=PROG, description=__doc__.split("\n")[0])
     p.add_argument("--out", default="runs/study", help="one folder per run in here; default: %(default)s")
     p.add_argument("--results", default="study/results.jsonl", help="results file (JSONL); default: %(default)s")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))

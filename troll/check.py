@@ -65,7 +65,7 @@ SAMPLE_DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "gsm8k
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m troll.check", description=__doc__.splitlines()[0])
+    p = Parser(prog="python -m troll.check", description=__doc__.splitlines()[0])
     p.add_argument("--preset", default=GSM8K_PRESETS[0], choices=GSM8K_PRESETS, help="the recipe checked")
     p.add_argument("--shape", default="real", choices=("real", "tiny"), help="the preset's model shape, or tiny")
     p.add_argument("--model", default="auto", help="auto (the preset's model if loadable, else a stand-in), standin, "
@@ -136,7 +136,7 @@ from typing import Any  # noqa: E402
 import torch  # noqa: E402
 
 from troll import memory  # noqa: E402
-from troll.cli import INTERRUPTED, run_command  # noqa: E402
+from troll.cli import INTERRUPTED, Parser, run_command  # noqa: E402
 from troll.config import Config  # noqa: E402
 from troll.watch import measure, write_json  # noqa: E402
 

@@ -8,14 +8,18 @@
   the user resolves: its message names it and the fix; the command prints `<prog>: error: <message>` and exits 2.
 - Ctrl-C (KeyboardInterrupt) prints `<prog>: interrupted` with the command that continues, if there is one, and
   exits 130 (128 + SIGINT, what a shell reports for a command stopped by Ctrl-C).
+- Every command's flags are parsed by `Parser` (argparse.ArgumentParser, subparsers included): a flag is never
+  abbreviated (`--step 5` is refused, not taken as `--steps 5`), and a refused flag is the same one line, with
+  `(<prog> --help lists the flags)` added, not argparse's usage block; `--help` prints the full help.
 Any other exception is a bug and keeps its traceback. This module imports nothing heavy: commands use it before
 torch is loaded.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 INTERRUPTED = 130  # the shell's exit status for a process stopped by SIGINT
@@ -43,3 +47,30 @@ def run_command(prog: str, main: Callable[[], Any], resume: str | None = None) -
         print(f"\n{prog}: interrupted{then}", file=sys.stderr)
         raise SystemExit(INTERRUPTED) from None
     raise SystemExit(status if isinstance(status, int) else 0)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse.ArgumentParser for every command: no abbreviated flags, and an error is one line (`fail`), not the
+    usage block. argparse's own refusals while parsing (an unknown flag, a bad value) add where the flags are listed;
+    a command's own `parser.error(...)` after parsing is the plain line. Subparsers are of this class too."""
+
+    def __init__(self, *args: Any, allow_abbrev: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, allow_abbrev=allow_abbrev, **kwargs)
+        self._parsing = 0  # > 0 inside parse_args / parse_known_args: an error there is argparse's about a flag
+
+    def parse_known_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:
+        self._parsing += 1
+        try:
+            return super().parse_known_args(args, namespace)
+        finally:
+            self._parsing -= 1
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:
+        self._parsing += 1  # parse_args refuses leftover arguments after parse_known_args returns
+        try:
+            return super().parse_args(args, namespace)
+        finally:
+            self._parsing -= 1
+
+    def error(self, message: str) -> NoReturn:
+        fail(self.prog, f"{message} ({self.prog} --help lists the flags)" if self._parsing else message)

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from troll.cli import Parser
 from troll.metrics import logger_missing
 
 # the baselines' defaults that depend on more than one field; troll.losses holds the same values (a test locks them),
@@ -196,9 +197,10 @@ class Config:
             raise ValueError("invalid config: " + "; ".join(problems))
 
     @classmethod
-    def from_args(cls, argv: list[str] | None = None) -> Config:
-        """Parse flags (module docstring); any invalid value is an argparse error: exit 2, before any work."""
-        parser = cls.parser()
+    def from_args(cls, argv: list[str] | None = None, prog: str = "python -m troll.train") -> Config:
+        """Parse flags (module docstring); any invalid value is an argparse error: one line (troll.cli.Parser), exit
+        2, before any work. `prog` names the command in that line (bench/step.py passes its own flags through)."""
+        parser = cls.parser(prog)
         args = parser.parse_args(argv)
         overrides = {name: value for name, value in vars(args).items() if name != "preset"}  # the flags given
         try:
@@ -222,10 +224,10 @@ class Config:
         return cfg
 
     @classmethod
-    def parser(cls) -> argparse.ArgumentParser:
+    def parser(cls, prog: str = "python -m troll.train") -> argparse.ArgumentParser:
         """The command line: --preset, then one flag per field with its help, default and choices."""
-        parser = argparse.ArgumentParser(
-            prog="python -m troll.train",
+        parser = Parser(
+            prog=prog,
             description="TROLL: RL with trust regions for LLMs. A preset sets a group of flags; flags win.",
         )
         parser.add_argument(

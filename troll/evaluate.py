@@ -21,7 +21,6 @@ exit 2 with one line on stderr, before any model is loaded.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import os
@@ -30,7 +29,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from troll.cli import run_command
+from troll.cli import Parser, run_command
 from troll.task import decode, encode, score
 
 if TYPE_CHECKING:
@@ -171,7 +170,7 @@ def greedy_generator(backend: str, model_path: str, tokenizer: Any, max_model_le
 def main(argv: list[str] | None = None) -> dict:
     from troll import gsm8k
 
-    p = argparse.ArgumentParser(prog="python -m troll.evaluate", description=__doc__.splitlines()[0])
+    p = Parser(prog="python -m troll.evaluate", description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="a model folder, a run directory or a hub name")
     p.add_argument("--data", default=gsm8k.HUB_NAME, help="hub name or a folder with test.jsonl")
     p.add_argument(

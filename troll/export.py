@@ -9,13 +9,13 @@ troll.lora, and the two modules stay free of each other's imports.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from pathlib import Path
 
 import torch
 
 from troll.checkpoint import complete_checkpoints
+from troll.cli import Parser
 from troll.config import Config
 from troll.lora import is_adapter_checkpoint, merge
 from troll.policy import build_model
@@ -38,7 +38,7 @@ def export(source: str | Path, out: str | Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m troll.export", description="Export a LoRA run as a merged model.")
+    parser = Parser(prog="python -m troll.export", description="Export a LoRA run as a merged model.")
     parser.add_argument("source", help="a LoRA run directory (its newest checkpoint) or one checkpoint folder")
     parser.add_argument("--out", required=True, help="the folder to write the merged model and tokenizer into")
     args = parser.parse_args(argv)

@@ -18,7 +18,6 @@ line in it that is not a JSON object (named by file and line), a row without an 
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import math
@@ -29,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from troll.checkpoint import read_jsonl
-from troll.cli import run_command
+from troll.cli import Parser, run_command
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -150,7 +149,7 @@ def plot_runs(runs: Sequence[str | Path], out: str | Path, keys: Sequence[str] =
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m troll.plot", description="Plot metrics.jsonl of one or more runs")
+    p = Parser(prog="python -m troll.plot", description="Plot metrics.jsonl of one or more runs")
     p.add_argument("runs", nargs="+", help="run directories (each holding metrics.jsonl)")
     p.add_argument("--out", default="plots", help=f"folder for the figure, {FIGURE_NAME}; default: %(default)s")
     args = p.parse_args(argv)
