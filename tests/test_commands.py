@@ -1,8 +1,7 @@
 """Every command refuses bad input with one line naming the problem: exit 2, no traceback (issue 22).
 
 Each case runs the command as a subprocess (`sys.executable -m ...` or `sys.executable bench/x.py`), the way a user
-does. Errors found by this project's own checks are one line on stderr; argparse's own (a bad flag value) print the
-usage first, so for those the last line is checked.
+does. Every refusal is one line on stderr, argparse's own (a bad flag value) too (troll.cli.Parser): no usage block.
 """
 
 from __future__ import annotations
@@ -35,13 +34,12 @@ def command(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
     )
 
 
-def refused(result: subprocess.CompletedProcess, *words: str, usage: bool = False) -> str:
-    """Assert exit 2, no traceback, and an error line naming `words`; returns that line."""
+def refused(result: subprocess.CompletedProcess, *words: str) -> str:
+    """Assert exit 2, no traceback, no usage block, and one error line naming `words`; returns that line."""
     assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
-    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr and "usage:" not in result.stderr, result.stderr[-2000:]
     lines = result.stderr.strip().splitlines()
-    if not usage:
-        assert len(lines) == 1, result.stderr
+    assert len(lines) == 1, result.stderr
     assert ": error: " in lines[-1], result.stderr
     for word in words:
         assert word in lines[-1], (word, lines[-1])
@@ -128,7 +126,7 @@ def test_evaluate_bad_data_and_numbers(tmp_path, model_dir, data_dir):
     refused(evaluate("--model", str(model_dir), "--data", str(data_dir), "--max-new-tokens", "0"), "--max-new")
     (tmp_path / "file").write_text("")
     refused(evaluate("--model", str(model_dir), "--data", str(data_dir), "--out", str(tmp_path / "file")), "--out")
-    refused(evaluate("--model", str(model_dir), "--limit", "x"), "--limit", usage=True)
+    refused(evaluate("--model", str(model_dir), "--limit", "x"), "--limit")
 
 
 # ------------------------------------------------------------------------------------------------ troll.plot
@@ -241,14 +239,14 @@ def test_study_refuses_a_run_made_with_other_settings(tmp_path):
     ],
 )
 def test_study_bad_flags(tmp_path, flags, words):
-    refused(command("-m", "study.run", "--out", str(tmp_path), "--dry-run", *flags), *words, usage=True)
+    refused(command("-m", "study.run", "--out", str(tmp_path), "--dry-run", *flags), *words)
 
 
 def test_study_out_and_results_paths(tmp_path):
     (tmp_path / "file").write_text("")
     argv = ["-m", "study.run", "--dry-run"]
-    refused(command(*argv, "--out", str(tmp_path / "file")), "--out", "is a file", usage=True)
-    refused(command(*argv, "--out", str(tmp_path), "--results", str(tmp_path)), "--results", "folder", usage=True)
+    refused(command(*argv, "--out", str(tmp_path / "file")), "--out", "is a file")
+    refused(command(*argv, "--out", str(tmp_path), "--results", str(tmp_path)), "--results", "folder")
 
 
 # ---------------------------------------------------------------------------------------------------- bench
@@ -273,7 +271,7 @@ def test_study_out_and_results_paths(tmp_path):
     ],
 )
 def test_bench_bad_arguments(script, flags, words):
-    refused(command(str(ROOT / "bench" / script), *flags), *words, usage=True)
+    refused(command(str(ROOT / "bench" / script), *flags), *words)
 
 
 BENCHES = sorted(p.stem for p in (ROOT / "bench").glob("[!_]*.py"))

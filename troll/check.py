@@ -53,6 +53,7 @@ import sys
 import time
 from pathlib import Path
 
+from troll.cli import Parser
 from troll.config import PRESETS, int_at_least
 
 if __name__ == "__main__":  # flags are checked before torch is imported
@@ -136,7 +137,7 @@ from typing import Any  # noqa: E402
 import torch  # noqa: E402
 
 from troll import memory  # noqa: E402
-from troll.cli import INTERRUPTED, Parser, run_command  # noqa: E402
+from troll.cli import INTERRUPTED, run_command  # noqa: E402
 from troll.config import Config  # noqa: E402
 from troll.watch import measure, write_json  # noqa: E402
 

@@ -57,6 +57,7 @@ class Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, allow_abbrev: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, allow_abbrev=allow_abbrev, **kwargs)
         self._parsing = 0  # > 0 inside parse_args / parse_known_args: an error there is argparse's about a flag
+        self._argv: list[str] = []  # what parse_args was given, to name an unknown flag (`error`)
 
     def parse_known_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:
         self._parsing += 1
@@ -67,10 +68,18 @@ class Parser(argparse.ArgumentParser):
 
     def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:
         self._parsing += 1  # parse_args refuses leftover arguments after parse_known_args returns
+        self._argv = list(sys.argv[1:] if args is None else args)
         try:
             return super().parse_args(args, namespace)
         finally:
             self._parsing -= 1
 
     def error(self, message: str) -> NoReturn:
+        if self._parsing and message.startswith("the following arguments are required"):
+            # argparse names a missing required flag before an unknown one: `--mode x` for `--model x` would be
+            # refused as "--model is required", hiding the typo; the unknown flag is what the user fixes
+            head = self._argv[: self._argv.index("--")] if "--" in self._argv else self._argv
+            unknown = [a for a in head if a.startswith("--") and a.split("=")[0] not in self._option_string_actions]
+            if unknown:
+                message = f"unrecognized arguments: {' '.join(unknown)}; {message}"
         fail(self.prog, f"{message} ({self.prog} --help lists the flags)" if self._parsing else message)
