@@ -150,9 +150,10 @@ def read_rows(
     if not path.is_file():
         return {}
     rows = reader(path)
+    by_name = rows_by_name(path, rows)  # first: a run listed twice is named as such, whatever its rows hold
     if fields is not None:
         check_rows(path, rows, fields, study)
-    return rows_by_name(path, rows)
+    return by_name
 
 
 def read_results(path: Path, fields: Fields | None = None, study: str = "") -> dict[str, dict]:
