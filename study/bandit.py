@@ -24,8 +24,10 @@ asked of the project's own losses on the project's own sparse old policy. Design
   `lr-high` (lr 0.3) and `noisy-lr-high` (the noisy reward at lr 0.3) with TROLL, PPO-clip, CISPO and DPPO at
   their defaults and DPPO uncapped. 20 RL steps per run, seeds 0-4: 235 runs.
 - Results (`--results`, JSONL): one row per run, merged by name after every run; a run recorded with other
-  settings is refused, not counted. `--jobs N` (N > 1) runs N spawned worker processes with cores / N threads
-  each (study/runner.py); one job runs in this process.
+  settings is refused, not counted, and a row that is not this study's (`FIELDS`: another study's file) is refused.
+  A value given twice in `--cells`, `--variants` or `--seeds`, or one that makes no run (a variant none of the
+  `--cells` runs), is refused (study/runner.py). `--jobs N` (N > 1) runs N spawned worker processes with
+  cores / N threads each (study/runner.py); one job runs in this process.
 - Report: per cell and variant, means over seeds and paired differences to PPO-clip 0.2 (`BASELINE`) on the same
   seed with 95% t-intervals (study.runner.t_interval) of the focus context's steps to the threshold (the good
   token at 0.005, the issue's rank 20) and of `auc`; then best against best: each loss at its own best setting in
@@ -43,8 +45,10 @@ from pathlib import Path
 
 from study.bandit_sim import TARGETS, THRESHOLD, Cell, simulate
 from study.runner import (
+    grid_problem,
     paired_diffs,
     plan,
+    pm,
     read_results,
     refuse_other_settings,
     report_rows,
@@ -92,6 +96,15 @@ BASELINE_SWEEP = ("dppo", "dppo-cap2", "dppo-cap20", "dppo-cap10000", "cispo", "
 NOISY_SWEEP += BASELINE_SWEEP
 SMALL = ("troll-0.05", "clip-0.2", "cispo", "dppo", "dppo-cap10000")  # the defaults, and DPPO uncapped
 CELL_VARIANTS = {"noisy": NOISY_SWEEP, "qwen": SMALL[:2], "passes1": SMALL, "lr-high": SMALL, "noisy-lr-high": SMALL}
+
+
+# What a results row holds that the report and figures read (None: any value; study.runner.check_rows)
+FIELDS = {
+    "name": None, "cell": CELLS, "variant": VARIANTS, "seed": None, "settings": None, "q0": None, "p_good": None,
+    "steps_to": None, "auc": None, "final": None, "kl_update_mean": None, "kl_update_max": None, "collapsed": None,
+}  # fmt: skip
+# The list flags and each run's value of them (study.runner.grid_problem: no value twice, none that makes no run)
+FLAGS = {"cells": lambda run: run.cell, "variants": lambda run: run.variant, "seeds": lambda run: run.seed}
 
 
 @dataclass(frozen=True)
@@ -222,10 +235,6 @@ def best_vs_best(rows: Sequence[dict], baseline_family: str = "ppo_clip") -> lis
     return out
 
 
-def _pm(d: float, h: float, fmt: str = "+.3f") -> str:
-    return f"{d:{fmt}} ± {h:.3f}" if not math.isnan(d) else "-"
-
-
 def report(rows: Sequence[dict], baseline: str = BASELINE) -> str:
     """The paired table and the best-against-best tables (against the best PPO-clip, and against TROLL's best) as
     markdown."""
@@ -239,10 +248,13 @@ def report(rows: Sequence[dict], baseline: str = BASELINE) -> str:
         censored = f" ({c['censored']} not reached)" if c["censored"] else ""
         lines.append(
             f"| {c['cell']} | {c['variant']} | {c['n']} | {c['steps']:.1f}{censored} | "
-            f"{'-' if base else _pm(c['d_steps'], c['h_steps'], '+.1f')} | {c['auc']:.3f} | "
-            f"{'-' if base else _pm(c['d_auc'], c['h_auc'])} | {c['final']:.3f} | {c['kl_mean']:.4f} | "
+            f"{'-' if base else pm(c['d_steps'], c['h_steps'], '+.1f')} | {c['auc']:.3f} | "
+            f"{'-' if base else pm(c['d_auc'], c['h_auc'])} | {c['final']:.3f} | {c['kl_mean']:.4f} | "
             f"{c['kl_max']:.3f} | {c['collapsed']}/{c['n']} |"
         )
+    ran = {(r["cell"], r["variant"]) for r in rows}
+    if missing := [c for c in CELLS if any(cell == c for cell, _ in ran) and (c, baseline) not in ran]:
+        lines += ["", f"No {baseline} run in cell {', '.join(missing)}: its paired columns there are '-'."]
     for family_, name in (("ppo_clip", "the best PPO-clip"), ("troll", "TROLL's best")):
         lines += [
             "",
@@ -250,8 +262,8 @@ def report(rows: Sequence[dict], baseline: str = BASELINE) -> str:
             "|---|---|---|---|---|---|",
         ]
         for b in best_vs_best(rows, family_):
-            vs = "-" if b["loss"] == family_ else _pm(b["d_auc"], b["h_auc"])
-            steps = "-" if b["loss"] == family_ else _pm(b["d_steps"], b["h_steps"], "+.1f")
+            vs = "-" if b["loss"] == family_ else pm(b["d_auc"], b["h_auc"])
+            steps = "-" if b["loss"] == family_ else pm(b["d_steps"], b["h_steps"], "+.1f")
             lines.append(f"| {b['cell']} | {b['loss']} | {b['best']} | {b['auc']:.3f} | {vs} | {steps} |")
     return "\n".join(lines)
 
@@ -344,6 +356,8 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error(f"--results {args.results} is a folder, not a file")
     if not grid(args):
         p.error("the grid is empty: the --cells given run none of the --variants given (CELL_VARIANTS)")
+    if problem := grid_problem(p, args, grid(args), FLAGS, "CELL_VARIANTS: the variants each cell runs"):
+        p.error(problem)
     return args
 
 
@@ -355,7 +369,7 @@ def progress(row: dict) -> str:
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     args = parse(argv)
     if args.report or args.figures:
-        rows = report_rows(Path(args.results), PROG)
+        rows = report_rows(Path(args.results), PROG, FIELDS)
         if args.report:
             print(report(rows))
         if args.figures:
@@ -363,7 +377,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
             if any(r["cell"] == "issue" for r in rows):
                 print(plot_curves(rows, Path(args.figures)))
         return rows
-    runs, done = grid(args), read_results(Path(args.results))
+    runs, done = grid(args), read_results(Path(args.results), FIELDS, PROG)
     for run in runs:  # a run recorded with other settings is not counted as done
         refuse_other_settings(PROG, run.name, args.results, done.get(run.name, {}).get("settings"), settings(run, args))
     todo = plan(runs, done, args.jobs, args.dry_run)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from study.runner import save
+from study.runner import check_rows, save
 from troll.checkpoint import read_jsonl
 from troll.cli import Parser, run_command
 
@@ -36,12 +36,9 @@ FIELDS = (
 
 def read_results(path: str | Path) -> list[dict]:
     """The rows of a study results file (JSONL, one finished run per line); a ValueError naming the file and the
-    line or run when a line is not a JSON object or a row lacks one of `FIELDS`."""
+    line when a line is not a JSON object or a row lacks one of `FIELDS` (another study's row: study.runner)."""
     rows = read_jsonl(path)
-    for row in rows:
-        missing = [f for f in FIELDS if f not in row]
-        if missing:
-            raise ValueError(f"{path}: the row of run {row.get('name', '?')!r} lacks {', '.join(missing)}")
+    check_rows(Path(path), rows, dict.fromkeys(FIELDS), "python -m study.run")
     return rows
 
 

@@ -27,10 +27,14 @@ Design, stated once:
   Order: learning rate, then cell (in the order `--sources` gives), then seed: a study cut short holds whole cells,
   every seed of each.
 - Results (`--results`, JSONL): one row per finished run, merged by name after every run; a run whose saved
-  settings differ from what the grid makes now is refused, not counted. Workers and their threads as every study's
+  settings differ from what the grid makes now is refused, not counted, and a row that is not this study's
+  (`FIELDS`: another study's file) is refused. A value given twice in a list flag, or one that makes no run (a
+  setting of a loss not in `--losses`, the behaviour anchor without a source where the sampler differs), is refused
+  (study/runner.py). Workers and their threads as every study's
   (study/runner.py; `--jobs N`: N spawned processes, cores / N torch threads each).
 - Report: per cell (lr, source, anchor) and loss, the mean final accuracy, the mean paired difference to PPO-clip
-  over seeds with its 95% t-interval, and how many runs ended below their warm-start.
+  over seeds with its 95% t-interval, and how many runs ended below their warm-start; a cell without the baseline's
+  run leaves the paired columns "-" and the report names it.
 - Settings (`--settings`, `SETTINGS`): each loss's trust-region size (TROLL's eps, PPO-clip's range, clip-higher);
   `default` keeps a run's old name. Where both losses ran several, the report adds each at its own best setting
   (the best mean final accuracy), paired, and the same with the settings chosen without each seed
@@ -57,6 +61,8 @@ from pathlib import Path
 from study.offpolicy_grid import (
     ANCHORS,
     BASELINE,
+    FIELDS,
+    FLAGS,
     LOSSES,
     LRS,
     SEEDS,
@@ -83,6 +89,7 @@ from study.offpolicy_report import (
     report_lora,
 )
 from study.runner import (
+    grid_problem,
     plan,
     read_results,
     refuse_other_settings,
@@ -240,6 +247,14 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error(f"--lrs must be positive and finite, got {args.lrs}")
     if Path(args.out).is_file() or Path(args.results).is_dir():
         p.error("--out must be a folder and --results a file")
+    why = "a setting runs with its own loss only, the behaviour anchor with stale2, stale8 or bf16 only"
+    if problem := grid_problem(p, args, grid(args), FLAGS, why):
+        p.error(problem)
+    try:  # every run's config is checked before any work
+        for run in grid(args):
+            config(run, args)
+    except ValueError as e:
+        p.error(str(e))
     return args
 
 
@@ -251,7 +266,7 @@ def progress(row: dict) -> str:
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     args = parse(argv)
     if args.report or args.figures:
-        rows = report_rows(Path(args.results), PROG)
+        rows = report_rows(Path(args.results), PROG, FIELDS)
         if args.report:
             print(report(rows, args.baseline, args.threshold))
             if best := report_best(rows, "troll", args.baseline):
@@ -269,7 +284,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
             if lora_vs_full(rows):
                 print(plot_lora(rows, Path(args.figures), stem))
         return rows
-    runs, done = grid(args), read_results(Path(args.results))
+    runs, done = grid(args), read_results(Path(args.results), FIELDS, PROG)
     for run in runs:  # a run recorded, or in its folder, with other settings is not counted as done
         want = settings(asdict(config(run, args)))
         path = Path(args.out) / run.name / "config.json"

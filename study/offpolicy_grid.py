@@ -44,6 +44,17 @@ SEEDS = (0, 1, 2, 3, 4)
 BASELINE = "ppo_clip"
 TASKS = ("addition", "rare")  # --task: the main job's, or its variant whose rewarded format starts rare
 THRESHOLD = 0.5  # the rare task's adoption: the first RL step whose samples show the behaviour this often
+# What a results row holds that the report reads (None: any value; study.runner.check_rows). A row's "setting" is
+# optional: rows written before settings existed ran the default (`setting_of`).
+FIELDS = {
+    "name": None, "lr": None, "seed": None, "source": SOURCES, "anchor": ANCHORS, "loss": LOSSES, "eval_before": None,
+    "eval_after": None, "kl_update_mean": None, "mismatch_kl": None,
+}  # fmt: skip
+# The list flags and each run's value of them (study.runner.grid_problem: no value twice, none that makes no run)
+FLAGS = {
+    "lrs": lambda run: run.lr, "seeds": lambda run: run.seed, "sources": lambda run: run.source,
+    "anchors": lambda run: run.anchor, "losses": lambda run: run.loss, "settings": lambda run: run.setting,
+}  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from study.offpolicy_grid import ANCHORS, BASELINE, LOSSES, SETTINGS, SOURCES, THRESHOLD, setting_of
-from study.runner import paired_diffs, save, t_interval
+from study.runner import paired_diffs, pm, save, t_interval
 
 
 def _cell_order(key: tuple) -> tuple:
@@ -92,8 +92,7 @@ def report(rows: Sequence[dict], baseline: str = BASELINE, threshold: float = TH
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in cells:
-        own = (c["loss"], c["setting"]) == (baseline, "default") or math.isnan(c["diff"])  # or no baseline ran
-        vs = "-" if own else f"{c['diff']:+.3f} ± {c['half']:.3f}"
+        vs = "-" if (c["loss"], c["setting"]) == (baseline, "default") else pm(c["diff"], c["half"])
         lines.append(
             f"| {c['lr']:g} | {c['source']} | {c['anchor']} | {_label(c)} | {c['n']} | {c['after']:.3f} | "
             f"{c['gain']:+.3f} | {vs} | {c['below']}/{c['n']} | {c['kl_update']:.4f} | {c['mismatch_kl']:.4f} |"
@@ -108,12 +107,29 @@ def report(rows: Sequence[dict], baseline: str = BASELINE, threshold: float = TH
         for c in cells:
             (d, h), (dr, hr) = c["adopt_diff"], c["rate_diff"]
             own = (c["loss"], c["setting"]) == (baseline, "default")
-            vs, vs_rate = ("-", "-") if own else (f"{d:+.1f} ± {h:.1f}", f"{dr:+.3f} ± {hr:.3f}")
+            vs, vs_rate = ("-", "-") if own else (pm(d, h, "+.1f", ".1f"), pm(dr, hr))
             lines.append(
                 f"| {c['lr']:g} | {c['source']} | {c['anchor']} | {_label(c)} | {c['n']} | {c['rate_first']:.3f} | "
                 f"{c['rate_last']:.3f} | {vs_rate} | {c['adopt']:.1f} | {vs} | {c['adopted']}/{c['n']} |"
             )
+    if note := missing_baseline(rows, baseline):
+        lines += ["", note]
     return "\n".join(lines)
+
+
+def missing_baseline(rows: Sequence[dict], baseline: str = BASELINE) -> str:
+    """Which cells (lr, source, anchor) have no run of the baseline loss at its default setting, whose paired
+    columns the report leaves "-", as a sentence; empty when every cell has one."""
+    cells = list(dict.fromkeys(k[:3] for k in sorted(by_run(rows), key=lambda k: _cell_order(k[:5]))))
+    have = {k[:3] for k in by_run(rows) if k[3:5] == (baseline, "default")}
+    if not (missing := [c for c in cells if c not in have]):
+        return ""
+    if not have:
+        losses = ", ".join(x for x in LOSSES if any(r["loss"] == x for r in rows))
+        return (f"No {baseline} run at its default setting in these results: the paired columns are '-' "
+                f"(--baseline picks the loss to pair with; these rows ran {losses}).")  # fmt: skip
+    where = "; ".join(f"lr {lr:g} {source} {anchor}" for lr, source, anchor in missing)
+    return f"No {baseline} run at its default setting in {where}: the paired columns there are '-'."
 
 
 def _best(by: dict[tuple, dict], candidates: Sequence[tuple], seeds: Sequence[int] | None = None) -> tuple | None:
@@ -207,8 +223,7 @@ def report_best(rows: Sequence[dict], loss: str = "troll", baseline: str = BASEL
     for c in cells:
         lines.append(
             f"| {c['lr']:g} | {c['source']} | {c['anchor']} | {c['best']} | {c['after']:.3f} | "
-            f"{c['best_baseline']} | {c['after_baseline']:.3f} | {c['diff'][0]:+.3f} ± {c['diff'][1]:.3f} | "
-            f"{c['held_out'][0]:+.3f} ± {c['held_out'][1]:.3f} |"
+            f"{c['best_baseline']} | {c['after_baseline']:.3f} | {pm(*c['diff'])} | {pm(*c['held_out'])} |"
         )
     return "\n".join(lines)
 
@@ -242,8 +257,7 @@ def report_lora(rows: Sequence[dict], lora: str = "lora8", full: str = "default"
     for p in pairs:
         lines.append(
             f"| {p['loss']} | {p['source']} | {p['anchor']} | {p['lr']:g} | {p['after']:.3f} | {p['lr_full']:g} | "
-            f"{p['after_baseline']:.3f} | {p['n']} | {p['diff'][0]:+.3f} ± {p['diff'][1]:.3f} | "
-            f"{p['held_out'][0]:+.3f} ± {p['held_out'][1]:.3f} |"
+            f"{p['after_baseline']:.3f} | {p['n']} | {pm(*p['diff'])} | {pm(*p['held_out'])} |"
         )
     return "\n".join(lines)
 

@@ -29,6 +29,9 @@ Choices, stated once:
   --sft_steps, ...), the command stops (exit 2) naming the run and the fields; choose another --out and --results,
   or delete the run. A row records the run's config (`collect`); rows without one (the committed file) are
   compared on what they record: steps and held-out problems.
+- The list flags (`--variants`, `--lrs`, `--off_policy`, `--seeds`) follow every study's rules (study/runner.py):
+  a value given twice, or one that makes no run (a variant other than the first with only `--off_policy 1x1`), is
+  refused in one line.
 - `--jobs N` (default 1) runs N at a time, each in its own worker process with cores / N torch threads; with one
   job the worker keeps torch's default threads. Workers are spawned (study/runner.py) and import torch once; the
   parent never imports it.
@@ -54,7 +57,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from study import figures
-from study.runner import merge_results, read_rows, run_all, train_run, workers
+from study.runner import grid_problem, merge_results, read_rows, run_all, train_run, workers
 from troll import plot
 from troll.cli import Parser, fail, run_command
 from troll.config import Config, settings
@@ -75,6 +78,13 @@ SEEDS = (0, 1, 2)
 # load: docs/results.md#the-trust-region-study).
 MEASURED = {"wall_s": 28.5, "steps": 40, "step_s": 0.346, "update_pass_s": 0.184}
 PROG = "python -m study.run"
+# The list flags and each run's value of them (study.runner.grid_problem: no value twice, none that makes no run)
+FLAGS = {
+    "variants": lambda run: run.variant,
+    "lrs": lambda run: run.lr,
+    "off_policy": lambda run: (run.minibatches, run.epochs),
+    "seeds": lambda run: run.seed,
+}
 
 
 @dataclass(frozen=True)
@@ -276,9 +286,9 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error(str(e))
     if args.jobs < 1 or args.limit < 0:
         p.error("--jobs must be >= 1 and --limit >= 0")
-    names = [r.name for r in grid(args)]
-    if len(set(names)) < len(names):
-        p.error("the grid lists a run twice: a value is repeated in --variants, --lrs, --off_policy or --seeds")
+    whole = grid(argparse.Namespace(**{**vars(args), "limit": 0}))  # a value past --limit still makes runs
+    if problem := grid_problem(p, args, whole, FLAGS, "the on-policy 1x1 runs for the first of --variants only"):
+        p.error(problem)
     if Path(args.out).exists() and not Path(args.out).is_dir():
         p.error(f"--out {args.out} is a file, not a folder")
     if Path(args.results).is_dir():

@@ -5,24 +5,30 @@ the command's common branches. Each study imports this module and troll, never a
   OpenMP threads), each with cores / N torch threads; with one job the worker keeps torch's default threads, or,
   where a study asks for it (`in_process`: the bandit, whose runs take seconds), the work runs in this process.
 - Results (`read_results`, `merge_results`): a JSONL file, one row per finished run, read by run name and merged
-  by name after every run (rows of other grids in it are kept), rewritten atomically. A torn line or a run listed
-  twice with different rows is refused with one line naming the file and the line or run.
+  by name after every run (rows of other grids in it are kept), rewritten atomically. A torn line, a run listed
+  twice with different rows, or a foreign row (`foreign_row`: one lacking a field the study reads, or naming a cell
+  or loss the study does not have: another study's file) is refused with one line naming the file and the line or
+  run; the file is left as it was.
 - Paired statistics (`paired_diffs`, `t_interval`): differences between two variants on the same seed, and the 95%
   t-interval of their mean.
-- The command (`save`, `report_rows`, `refuse_other_settings`, `plan`): a figure written at the studies' dpi, the
-  rows for --report / --figures, a run recorded with other settings refused rather than counted as done, and the
-  run count and --dry-run listing. A problem the user fixes ends the command with one line on stderr and exit 2
-  (troll.cli).
+- The command (`save`, `report_rows`, `refuse_other_settings`, `plan`, `grid_problem`, `pm`): a figure written at
+  the studies' dpi, the rows for --report / --figures, a run recorded with other settings refused rather than
+  counted as done, the run count and --dry-run listing, the list flags' rules and a paired difference as text.
+- The list flags' rules (`grid_problem`), the same in every study: a value given twice (`--seeds 0 0`) is refused,
+  not run twice into one folder by two workers; a value given on the command line that makes no run of the grid
+  (a setting of a loss not in --losses, a variant no --cells runs) is refused, not dropped in silence.
+A problem the user fixes ends the command with one line on stderr and exit 2 (troll.cli).
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import math
 import os
 import shutil
 import statistics
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import replace
 from multiprocessing import get_context
@@ -103,16 +109,59 @@ def train_run(cfg: Config) -> Path:
 # ----------------------------------------------------------------------------- the results file
 
 
-def read_rows(path: Path, reader: Callable[[Path], list[dict]] = read_jsonl) -> dict[str, dict]:
-    """The results file's rows (read by `reader`) by run name, empty when there is no file; a torn or conflicting
-    row is a ValueError naming the file and the line or run."""
-    return rows_by_name(path, reader(path)) if path.is_file() else {}
+# The fields a study's rows must hold (a study's FIELDS): each field's allowed values, or None for any value.
+Fields = Mapping[str, Collection | None]
 
 
-def read_results(path: Path) -> dict[str, dict]:
+class ForeignRow(ValueError):
+    """A results row that is not one of the study's: another study's file, or a row a person edited."""
+
+
+def foreign_row(row: dict, fields: Fields) -> str:
+    """What makes `row` not a row of the study whose rows hold `fields` (the fields it lacks, a value it may not
+    hold); empty when it is one."""
+    missing = [f for f in fields if f not in row]
+    problems = [f"lacks {', '.join(missing)}"] if missing else []
+    problems += [
+        f"its {f} {row[f]!r} is none of {', '.join(map(str, allowed))}"
+        for f, allowed in fields.items()
+        if allowed is not None and f in row and row[f] not in allowed
+    ]
+    return "; ".join(problems)
+
+
+def check_rows(path: Path, rows: Sequence[dict], fields: Fields, study: str) -> None:
+    """A ForeignRow naming the file, the line and what the file should hold when a row is not one of `study`'s
+    (`foreign_row`). `rows` are read_jsonl's: one per non-blank line of the file, in order."""
+    lines = [n for n, raw in enumerate(Path(path).read_bytes().split(b"\n"), start=1) if raw.strip()]
+    for n, row in zip(lines, rows, strict=True):
+        if problem := foreign_row(row, fields):
+            raise ForeignRow(
+                f"{path} line {n}: the row of run {row.get('name', '?')!r} {problem}: not a row of {study}; "
+                f"--results must name a file of {study}'s rows (each with {', '.join(fields)})"
+            )
+
+
+def read_rows(
+    path: Path, reader: Callable[[Path], list[dict]] = read_jsonl, fields: Fields | None = None, study: str = ""
+) -> dict[str, dict]:
+    """The results file's rows (read by `reader`) by run name, empty when there is no file; a torn, conflicting or
+    (with `fields`) foreign row is a ValueError naming the file and the line or run."""
+    if not path.is_file():
+        return {}
+    rows = reader(path)
+    by_name = rows_by_name(path, rows)  # first: a run listed twice is named as such, whatever its rows hold
+    if fields is not None:
+        check_rows(path, rows, fields, study)
+    return by_name
+
+
+def read_results(path: Path, fields: Fields | None = None, study: str = "") -> dict[str, dict]:
     """`read_rows`, its ValueError a UsageError that says what to do."""
     try:
-        return read_rows(path)
+        return read_rows(path, fields=fields, study=study)
+    except ForeignRow as e:
+        raise UsageError(str(e)) from None
     except ValueError as e:
         raise UsageError(f"{e} (fix or remove that row: its run is trained again)") from None
 
@@ -155,9 +204,10 @@ def save(fig, path: Path) -> Path:
     return path
 
 
-def report_rows(path: Path, prog: str) -> list[dict]:
-    """--report / --figures: the results file's rows; an empty or missing file is a usage error."""
-    rows = list(read_results(path).values())
+def report_rows(path: Path, prog: str, fields: Fields | None = None) -> list[dict]:
+    """--report / --figures: the results file's rows; an empty or missing file, or a foreign row (with `fields`),
+    is a usage error."""
+    rows = list(read_results(path, fields, prog).values())
     if not rows:
         fail(prog, f"{path} holds no results")
     return rows
@@ -178,3 +228,57 @@ def plan(runs: Sequence, done: Mapping[str, dict], jobs: int, dry_run: bool) -> 
     for run in todo if dry_run else ():
         print(" ", run.name)
     return todo
+
+
+def show(value: object) -> str:
+    """A list flag's value as it is typed: 4x1 for (4, 1), 0.0001 for 1e-4."""
+    if isinstance(value, tuple):
+        return "x".join(map(str, value))
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def repeats(items: Sequence) -> list:
+    """The items listed a second (or later) time, in order (a list: a repeated 0 is found too)."""
+    seen: set = set()
+    again = []
+    for x in items:
+        if x in seen:
+            again.append(x)
+        seen.add(x)
+    return again
+
+
+def grid_problem(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, runs: Sequence, flags: Mapping[str, Callable], why: str
+) -> str:
+    """The list flags' rules (module docstring), as the message that refuses them; empty when they hold. `flags`:
+    each list flag's name and the run's value of it (e.g. {"seeds": lambda run: run.seed}); `runs`: the whole grid
+    (before any --limit); `why`: what decides which values make runs, for the refusal. A flag counts as given when
+    its value is not the parser's default object (argparse leaves that very list in place when the flag is absent).
+    """
+    for flag in flags:
+        if twice := repeats(getattr(args, flag)):
+            return (
+                f"--{flag} lists {show(twice[0])} twice: the grid lists a run twice, which two workers would run into "
+                "one folder; give each value once"
+            )
+    if twice := repeats([run.name for run in runs]):  # 1e-4 and 1.0000001e-4: one name
+        return f"the grid lists a run twice ({twice[0]}): two values of a flag give one run name; give each value once"
+    for flag, of in flags.items():
+        if getattr(args, flag) is parser.get_default(flag):
+            continue  # not given: the study's default list, of which the other flags may pick a part
+        made = {of(run) for run in runs}
+        if unused := [v for v in getattr(args, flag) if v not in made]:
+            return (
+                f"--{flag} {' '.join(map(show, unused))} makes no run with the other flags given ({why}); "
+                f"drop it or change those flags"
+            )
+    return ""
+
+
+def pm(diff: float, half: float, fmt: str = "+.3f", half_fmt: str = ".3f") -> str:
+    """A paired difference and its 95% half-width as the reports print it: "-" with no paired seed (no baseline run
+    to pair with), "(1 seed)" in place of a half-width that one seed cannot give."""
+    if math.isnan(diff):
+        return "-"
+    return f"{diff:{fmt}} (1 seed)" if math.isnan(half) else f"{diff:{fmt}} ± {half:{half_fmt}}"

@@ -204,6 +204,11 @@ def test_paired_differences_and_best_against_best():
     best = {x["loss"]: x for x in b.best_vs_best(rows)}
     assert best["troll"]["best"] == "troll-0.05" and best["ppo_clip"]["best"] == "clip-higher"
     assert best["troll"]["d_auc"] == pytest.approx(0.16) and best["troll"]["n"] == 3
+    # one seed: the difference without a half-width; no baseline: "-" and the report says which is missing
+    one = b.report([r for r in rows if r["seed"] == 0])
+    assert "nan" not in one and "+0.200 (1 seed)" in one
+    alone = b.report([r for r in rows if r["variant"] != "clip-0.2"])
+    assert "nan" not in alone and "No clip-0.2 run in cell issue: its paired columns there are '-'." in alone
 
 
 def command(*argv: str) -> subprocess.CompletedProcess:

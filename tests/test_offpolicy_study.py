@@ -97,8 +97,11 @@ def test_a_setting_runs_with_its_own_loss_and_keeps_the_old_names():
     higher = offpolicy.config(runs["ppo_clip", "clip0.2-0.28"], args)
     assert (higher.clip_low, higher.clip_high, higher.task) == (0.2, 0.28, "addition")
     assert offpolicy.setting_of({"loss": "troll"}) == "default"  # a row from before settings existed
-    args = offpolicy.parse(["--seeds", "0", "--lrs", "3e-4", "--sources", "none", "--losses", "dppo", "cispo",
-                            "--settings", "default", "cap2", "cap20", "cap10000", "eh1", "eh5", "clip0.3"])  # fmt: skip
+    caps = ["--seeds", "0", "--lrs", "3e-4", "--sources", "none", "--losses", "dppo", "cispo", "--settings",
+            "default", "cap2", "cap20", "cap10000", "eh1", "eh5"]  # fmt: skip
+    with pytest.raises(SystemExit):  # a setting of a loss not run (PPO-clip's clip0.3) is refused, not dropped
+        offpolicy.parse([*caps, "clip0.3"])
+    args = offpolicy.parse(caps)
     caps = {(r.loss, r.setting): offpolicy.config(r, args) for r in offpolicy.grid(args)}
     assert {k: c.dppo_cap for k, c in caps.items() if k[0] == "dppo"} == {
         ("dppo", "default"): 10.0,

@@ -4,13 +4,23 @@ on a synthetic results file."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
 import random
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
+from test_commands import command, refused
 
-from study import figures, run
+from study import bandit, figures, offpolicy, run, runner
 from study.figures import plot_study, read_results
+from troll.checkpoint import read_jsonl
+from troll.cli import UsageError
+
+ROOT = Path(__file__).resolve().parents[1]
 
 SMOKE = ["--variants", "troll-rest", "ppo_clip", "--lrs", "1e-3", "--off_policy", "2x2", "--seeds", "0"]
 SMOKE += ["--steps", "2", "--eval_every", "2", "--eval_size", "16", "--sft_steps", "60"]
@@ -98,3 +108,200 @@ def test_a_two_run_study_finishes_resumes_and_draws(tmp_path, capsys):
         r["name"] for r in rows
     )
     assert not (tmp_path / "fresh").exists() or not any((tmp_path / "fresh").iterdir())
+
+
+# ------------------------------------------------------------- the studies' shared rules (study/runner.py, issue 40)
+
+
+def parser_of_two_flags() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser()
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
+    p.add_argument("--losses", nargs="+", default=["a", "b"])
+    return p
+
+
+@dataclass(frozen=True)
+class Pair:
+    loss: str
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.loss}_s{self.seed}"
+
+
+FLAGS = {"seeds": lambda run: run.seed, "losses": lambda run: run.loss}
+
+
+def problem(*argv: str, runs: list | None = None) -> str:
+    p = parser_of_two_flags()
+    args = p.parse_args(argv)
+    if runs is None:
+        runs = [Pair(loss, seed) for loss in args.losses for seed in args.seeds if loss != "c"]  # c makes no run
+    return runner.grid_problem(p, args, runs, FLAGS, "c runs nowhere")
+
+
+def test_a_list_flag_value_given_twice_or_making_no_run_is_refused():
+    assert runner.repeats([0, 1, 0, 2, 1]) == [0, 1] and runner.repeats([]) == []
+    assert problem() == "" and problem("--seeds", "3", "4") == ""
+    assert problem("--seeds", "0", "0").startswith("--seeds lists 0 twice: the grid lists a run twice")
+    assert "--losses lists b twice" in problem("--losses", "b", "a", "b")
+    # two values that give one run name (a name prints lr with 6 digits) are one run
+    assert "the grid lists a run twice (a_s0)" in problem(runs=[Pair("a", 0), Pair("a", 0)])
+    line = problem("--losses", "a", "c")
+    assert line.startswith("--losses c makes no run with the other flags given (c runs nowhere)"), line
+    # not given: the default list, of which the other flags may pick a part, is not refused
+    assert problem(runs=[Pair("a", 0)]) == ""
+    assert runner.show((4, 1)) == "4x1" and runner.show(1e-4) == "0.0001" and runner.show("x") == "x"
+
+
+def test_a_foreign_row_is_named_with_its_line():
+    fields = {"name": None, "loss": ("troll", "ppo_clip"), "seed": None}
+    assert runner.foreign_row({"name": "a", "loss": "troll", "seed": 0}, fields) == ""
+    assert runner.foreign_row({"name": "a", "seed": 0}, fields) == "lacks loss"
+    assert runner.foreign_row({"name": "a", "loss": "bandit", "seed": 0}, fields) == (
+        "its loss 'bandit' is none of troll, ppo_clip"
+    )
+
+
+def test_check_rows_counts_lines_past_blank_ones(tmp_path):
+    path = tmp_path / "r.jsonl"
+    path.write_text('{"name": "a", "loss": "troll"}\n\n{"name": "b"}\n')
+    with pytest.raises(runner.ForeignRow, match=rf"{path} line 3: the row of run 'b' lacks loss: not a row of S"):
+        runner.check_rows(path, read_jsonl(path), {"name": None, "loss": None}, "S")
+    with pytest.raises(UsageError, match="line 3"):
+        runner.read_results(path, {"name": None, "loss": None}, "S")
+    assert list(runner.read_results(path)) == ["a", "b"]  # without fields: any row
+
+
+def test_a_paired_difference_without_its_baseline_or_with_one_seed_is_not_nan():
+    assert runner.pm(0.1, 0.02) == "+0.100 ± 0.020" and runner.pm(1.0, 0.5, "+.1f", ".1f") == "+1.0 ± 0.5"
+    assert runner.pm(math.nan, math.nan) == "-" and runner.pm(0.1, math.nan) == "+0.100 (1 seed)"
+
+
+@pytest.mark.parametrize(
+    ("module", "stem"),
+    [(offpolicy, s) for s in ("offpolicy", "rare", "rare_dppo_cap", "rare_earlier", "lora", "sweep")]
+    + [(bandit, "bandit")],
+)
+def test_the_committed_results_files_hold_their_studys_rows(module, stem):
+    assert module.read_results(ROOT / "study" / f"{stem}.jsonl", module.FIELDS, module.PROG)
+
+
+# The studies' commands: a dry run with a small grid (the rules are checked before anything is written)
+DRY = {
+    "study.run": ["--dry-run", "--steps", "2"],
+    "study.offpolicy": ["--dry-run", "--lrs", "1e-4", "--sources", "none", "stale2"],
+    "study.bandit": ["--dry-run", "--cells", "issue", "qwen"],
+}
+
+
+def study_command(module: str, tmp_path: Path, *argv: str) -> subprocess.CompletedProcess:
+    """`python -m module` with its --out (where it has one) and --results in tmp_path."""
+    where = ["--results", str(tmp_path / "results.jsonl")]
+    where += [] if module == "study.bandit" else ["--out", str(tmp_path / "runs")]
+    return command("-m", module, *where, *argv)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("module", "argv", "words"),
+    [
+        ("study.offpolicy", ["--seeds", "0", "0"], ["--seeds lists 0 twice", "lists a run twice"]),
+        ("study.offpolicy", ["--losses", "troll", "cispo", "troll"], ["--losses lists troll twice"]),
+        ("study.bandit", ["--seeds", "0", "0"], ["--seeds lists 0 twice", "lists a run twice"]),
+        ("study.bandit", ["--variants", "clip-0.2", "clip-0.2"], ["--variants lists clip-0.2 twice"]),
+        ("study.run", ["--lrs", "1e-4", "3e-4", "0.0001"], ["--lrs lists 0.0001 twice"]),
+    ],
+)
+def test_a_value_given_twice_is_refused_in_one_line(tmp_path, module, argv, words):
+    refused(study_command(module, tmp_path, *DRY[module], *argv), *words)
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("module", "argv", "words"),
+    [
+        ("study.offpolicy", ["--losses", "ppo_clip", "--settings", "default", "eps0.1"], ["--settings eps0.1"]),
+        ("study.offpolicy", ["--sources", "none", "--anchors", "behaviour"], ["--anchors behaviour"]),
+        ("study.offpolicy", ["--losses", "troll", "--settings", "eps0.1", "clip0.3"], ["--settings clip0.3"]),
+        ("study.bandit", ["--cells", "qwen", "--variants", "troll-0.05", "cispo"], ["--variants cispo"]),
+        ("study.bandit", ["--cells", "issue", "qwen", "--variants", "cispo"], ["--cells qwen"]),
+        ("study.run", ["--off_policy", "1x1", "--variants", "troll-rest", "cispo"], ["--variants cispo"]),
+        ("study.offpolicy", ["--seeds", "-1"], ["seed must be >= 0"]),  # a value every run's config refuses
+    ],
+)
+def test_a_value_that_makes_no_run_is_refused_in_one_line(tmp_path, module, argv, words):
+    line = refused(study_command(module, tmp_path, *DRY[module], *argv), *words)
+    assert "Traceback" not in line
+    assert not list(tmp_path.iterdir())
+
+
+FOREIGN = {  # a row of each study, and a row with none of any study's fields
+    "bandit": {"name": "issue_clip-0.2_s0", "cell": "issue", "variant": "clip-0.2", "seed": 0, "auc": 0.5},
+    "offpolicy": {"name": "troll_none_recompute_lr0.0001_s0", "lr": 1e-4, "seed": 0, "source": "none",
+                  "anchor": "recompute", "loss": "troll", "eval_before": 0.3, "eval_after": 0.4},
+    "other": {"name": "x", "accuracy": 0.5},
+}  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("module", "argv", "row"),
+    [
+        ("study.offpolicy", ["--report"], "bandit"),
+        ("study.offpolicy", ["--report"], "other"),
+        ("study.offpolicy", ["--figures", "figs"], "bandit"),
+        ("study.offpolicy", DRY["study.offpolicy"], "bandit"),  # running into another study's file: refused too
+        ("study.bandit", ["--report"], "offpolicy"),
+        ("study.bandit", ["--report"], "other"),
+        ("study.bandit", DRY["study.bandit"], "offpolicy"),
+        ("study.figures", [], "offpolicy"),
+        ("study.run", DRY["study.run"], "bandit"),
+    ],
+)
+def test_a_report_over_another_studys_rows_is_one_line_naming_the_file_and_line(tmp_path, module, argv, row):
+    path = tmp_path / "results.jsonl"
+    text = json.dumps(FOREIGN[row]) + "\n"
+    good = {"study.offpolicy": "offpolicy", "study.bandit": "bandit"}.get(module)
+    if good:  # a row of the study first: the foreign row is on line 2
+        text = json.dumps(json.loads((ROOT / "study" / f"{good}.jsonl").read_text().splitlines()[0])) + "\n" + text
+    path.write_text(text)
+    line_no = 2 if good else 1
+    if module == "study.figures":
+        result = command("-m", module, str(path), "--out", str(tmp_path / "figs"))
+    else:
+        result = study_command(module, tmp_path, *argv)
+    prog = "study.run" if module == "study.figures" else module
+    refused(result, f"{path} line {line_no}", f"not a row of python -m {prog}", "--results must name")
+    assert path.read_text() == text  # the results file untouched, nothing else written
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.jsonl"]
+
+
+def offpolicy_rows(losses: tuple[str, ...], seeds: tuple[int, ...]) -> list[dict]:
+    """Rows of the rare task's off-policy study (behaviour rates per step), made up."""
+    return [
+        {"name": f"{loss}_none_recompute_lr0.0001_s{seed}", "lr": 1e-4, "seed": seed, "source": "none",
+         "anchor": "recompute", "loss": loss, "eval_before": 0.3, "eval_after": 0.4 + 0.01 * seed + 0.1 * i,
+         "kl_update_mean": 0.01, "mismatch_kl": 0.0, "behaviour_rate": [0.1, 0.3 + 0.1 * i, 0.6]}
+        for i, loss in enumerate(losses)
+        for seed in seeds
+    ]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_the_offpolicy_report_without_its_baseline_says_so_instead_of_nan(tmp_path):
+    path = tmp_path / "results.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in offpolicy_rows(("troll", "cispo"), (0, 1))))
+    result = command("-m", "study.offpolicy", "--report", "--results", str(path))
+    assert result.returncode == 0, result.stderr
+    assert "nan" not in result.stdout, result.stdout
+    assert "No ppo_clip run at its default setting in these results" in result.stdout
+    assert "these rows ran troll, cispo" in result.stdout
+    assert "| troll | 2 | 0.405 |" in result.stdout  # the columns it can compute are there
+    # one seed of the baseline: the difference without a half-width, not "± nan"
+    path.write_text("".join(json.dumps(r) + "\n" for r in offpolicy_rows(("troll", "ppo_clip"), (0,))))
+    result = command("-m", "study.offpolicy", "--report", "--results", str(path))
+    assert result.returncode == 0 and "nan" not in result.stdout, result.stdout
+    assert "-0.100 (1 seed)" in result.stdout and "No ppo_clip" not in result.stdout

@@ -32,8 +32,9 @@ from datasets import Dataset
 
 from troll import addition
 from troll.diagnostics import mismatch_at
+from troll.integrations import trl as trl_integration
 from troll.integrations.is_weights import trl_is_weight
-from troll.integrations.trl import TRL_VERSIONS, TROLLConfig, TROLLGRPOTrainer, check_trl_version
+from troll.integrations.trl import TRL_VERSIONS, TROLLConfig, TROLLGRPOTrainer, check_trl_version, old_policy
 from troll.losses import troll_loss
 from troll.policy import completion_logits
 from troll.sparse import sparsify
@@ -284,6 +285,51 @@ def test_peft_config_trains_only_the_adapters(tokenizer, tmp_path):
     adapters = {name for name in moved if ".lora_" in name}
     assert len(adapters) == 2 * 7 * 2  # A and B of 7 linear layers in each of 2 decoder layers
     assert all(moved[name] for name in adapters) and not any(moved[name] for name in moved.keys() - adapters)
+
+
+def kl_at_a_fresh_batch(trainer: TROLLGRPOTrainer) -> float:
+    """The largest per-token KL(p || q), before any update, between the policy the loss scores (the model in train
+    mode, as during training) and the old policy q stored with a freshly generated batch (troll_loss's
+    kl_before_max): 0 when they are one policy. The adapters are moved first (PEFT starts B at 0, where the
+    adapters' output, dropped out or not, is 0)."""
+    model = trainer.model
+    model.train()
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for p in (p for p in model.parameters() if p.requires_grad):
+            p.add_(0.3 * torch.randn_like(p))
+    batch, unpadded = one_batch(trainer)
+    comp, mask = batch["completion_ids"], batch["completion_mask"].bool()
+    V = model.config.vocab_size
+    with torch.no_grad():
+        logits = completion_logits(model, unpadded, comp, 0.7, V)
+        _, metrics = troll_loss(logits, comp, mask, batch["advantages"], old_policy(batch, V), eps=EPS)
+    return metrics["kl_before_max"]
+
+
+def test_lora_dropout_is_refused_as_the_policy_it_scores_is_not_the_one_that_sampled(tokenizer, tmp_path, monkeypatch):
+    """PEFT's lora_dropout makes every forward pass a different random policy, so the loss's policy differs from the
+    sampler's and from the stored q before any update (the plain loop's adapters have none, troll.lora): measured
+    at a fresh batch, the KL between them is nonzero with lora_dropout=0.1 and 0 without. TROLLGRPOTrainer refuses
+    lora_dropout > 0 (in peft_config, or a PeftModel's adapter), naming it, unless disable_dropout=True, where TRL
+    sets every dropout to 0 and the KL is 0 again."""
+    pytest.importorskip("peft")
+    from peft import LoraConfig, get_peft_model
+
+    dropped = LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", lora_dropout=0.1)
+    with pytest.raises(ValueError, match=r"lora_dropout=0.1\): the policy the loss scores would differ"):
+        make_trainer(tokenizer, tmp_path, peft_config=dropped)
+    wrapped = get_peft_model(tiny_llama(tokenizer, hidden=64, layers=2, heads=2, seed=0), dropped)
+    assert sum(isinstance(m, torch.nn.Dropout) and m.p == 0.1 for m in wrapped.modules()) == 2 * 7  # as PEFT builds
+    with pytest.raises(ValueError, match="lora_dropout"):
+        make_trainer(tokenizer, tmp_path, model=wrapped)
+
+    assert kl_at_a_fresh_batch(make_trainer(tokenizer, tmp_path, peft_config=lora())) < 1e-6  # no dropout: one policy
+    off = make_trainer(tokenizer, tmp_path, peft_config=dropped, disable_dropout=True)
+    assert not any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in off.model.modules())
+    assert kl_at_a_fresh_batch(off) < 1e-6
+    monkeypatch.setattr(trl_integration, "check_no_lora_dropout", lambda *_: None)  # what the refusal keeps out
+    assert kl_at_a_fresh_batch(make_trainer(tokenizer, tmp_path, peft_config=dropped)) > 1e-3
 
 
 @pytest.mark.parametrize("support", ["rest", "paper"])

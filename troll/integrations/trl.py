@@ -60,6 +60,11 @@ logging and checkpoints. What TROLL adds or replaces:
                the mismatch metrics weighted by each process's real tokens, so the mean is over the whole generation
                batch).
 
+LoRA with dropout (`LoraConfig(lora_dropout > 0)` as `peft_config`, or a PeftModel's adapter) is refused by
+TROLLGRPOTrainer with a ValueError naming `lora_dropout` (`check_no_lora_dropout`), unless `disable_dropout=True`
+(TRL then sets every dropout to 0): with dropout every forward pass is a different random policy, so the loss's
+policy differs from the sampler's and from the stored q before any update (the plain loop's adapters have none).
+
 Not combined with TROLL (a clear ValueError from TROLLConfig): beta != 0 (the trust region replaces the reference
 KL), the clip-family options (epsilon or epsilon_high away from TRL's defaults: troll_eps plays the clip's role;
 the entropy mask / bonus, off-policy mask, delta cap), loss types other than the four above, Liger kernels.
@@ -79,6 +84,7 @@ and checks that the engine follows the trainer after every sync (docs/results.md
 from __future__ import annotations
 
 import importlib.metadata
+import inspect
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -193,13 +199,33 @@ class TROLLConfig(GRPOConfig):
             raise ValueError(f"TROLLConfig: troll_{e}") from None
 
 
+def check_no_lora_dropout(peft_config: Any, model: Any, disable_dropout: bool) -> None:
+    """A ValueError naming `lora_dropout` when the LoRA adapters would train with dropout: the `peft_config` given to
+    the trainer, or an adapter of a PeftModel given as the model, with lora_dropout > 0, unless the TROLLConfig's
+    disable_dropout (TRL then sets every dropout to 0). Dropout makes each forward pass a different random policy:
+    the one that sampled, the stored q and the one the loss scores differ before any update, so the trust region
+    measures noise (the plain loop adds its adapters with lora_dropout=0, troll.lora)."""
+    configs = [peft_config] if peft_config is not None else []
+    configs += list(getattr(model, "peft_config", {}).values()) if not isinstance(model, str) else []
+    rates = [c.lora_dropout for c in configs if getattr(c, "lora_dropout", 0.0)]
+    if rates and not disable_dropout:
+        raise ValueError(
+            f"TROLLGRPOTrainer does not train LoRA with dropout (lora_dropout={rates[0]}): the policy the loss scores "
+            "would differ from the one that sampled and from the stored old policy q before any update, a nonzero "
+            "KL that eats the trust region; set LoraConfig(lora_dropout=0.0) (or disable_dropout=True in the "
+            "TROLLConfig, which sets every dropout to 0)"
+        )
+
+
 class TROLLGRPOTrainer(GRPOTrainer):
     """GRPOTrainer whose loss is TROLL (module docstring). Takes GRPOTrainer's arguments, with args a TROLLConfig."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        config = kwargs.get("args", args[2] if len(args) > 2 else None)
+        given = inspect.signature(GRPOTrainer.__init__).bind_partial(self, *args, **kwargs).arguments
+        config = given.get("args")
         if not isinstance(config, TROLLConfig):
             raise TypeError(f"TROLLGRPOTrainer needs args=TROLLConfig(...), got {type(config).__name__}")
+        check_no_lora_dropout(given.get("peft_config"), given.get("model"), config.disable_dropout)
         super().__init__(*args, **kwargs)
         # TROLL applies the sampler correction in its own loss (module docstring); switched off in TRL's code, which
         # would otherwise recompute log-probs TROLL's q already holds and weigh a loss TROLL does not use
