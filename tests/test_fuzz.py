@@ -83,7 +83,11 @@ COMMANDS = {
             stop=("generator = make_generator(cfg, model, tokenizer, run.out)",),
             bounded=RUN_LENGTHS,
         ),  # fmt: skip
-        Command("troll.evaluate", stop=("tokenizer = AutoTokenizer.from_pretrained(model_path)",)),
+        Command(
+            "troll.evaluate",
+            base=("--model", "model", "--data", "gsm8k"),
+            stop=("tokenizer = AutoTokenizer.from_pretrained(model_path)",),
+        ),
         Command("troll.export"),
         Command("troll.plot"),
         Command("troll.check", stop=("cfg, arch, model_note, data_note = prepare(args, out)",)),
@@ -125,9 +129,21 @@ COMMANDS = {
 # ----------------------------------------------------------------------------- the work folder
 
 
-def make_work(path: Path) -> Path:
+def make_shared(path: Path) -> Path:
+    """What every work folder gets a copy of: a tiny model folder (`model`) and GSM8K's test sample (`gsm8k`)."""
+    from troll import addition
+    from troll.tiny import save_tiny, tiny_llama, train_tokenizer
+
+    tokenizer = train_tokenizer(addition.corpus(), vocab_size=64)
+    with contextlib.redirect_stderr(io.StringIO()):  # its progress bar
+        save_tiny(tiny_llama(tokenizer, hidden=32, layers=1, heads=2), tokenizer, path / "model")
+    shutil.copytree(ROOT / "tests" / "data" / "gsm8k", path / "gsm8k")
+    return path
+
+
+def make_work(path: Path, shared: Path) -> Path:
     """A fresh work folder with something of every kind for a path flag to name."""
-    path.mkdir(parents=True)
+    shutil.copytree(shared, path)
     (path / "file.txt").write_text("not what any command reads\n")
     (path / "dir").mkdir()
     (path / "ro").mkdir()
@@ -142,7 +158,8 @@ def make_work(path: Path) -> Path:
     return path
 
 
-PATHS = ("nope", "nope/deeper", "file.txt", "file.txt/under", "dir", "dir/new", "ro", "ro/new", "run", ".",
+PATHS = ("model", "gsm8k", "nope", "nope/deeper", "file.txt", "file.txt/under", "dir", "dir/new", "ro", "ro/new",
+         "run", ".",
          "results.jsonl", "bandit.jsonl", "offpolicy.jsonl", "run/metrics.jsonl")  # fmt: skip
 
 
@@ -458,9 +475,15 @@ def arguments(draw: st.DrawFn, command: Command, parsers: dict[str, argparse.Arg
 
 
 @pytest.fixture(scope="session")
-def parsers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, argparse.ArgumentParser]:
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`make_shared`'s folder, made once."""
+    return make_shared(tmp_path_factory.mktemp("fuzz-shared"))
+
+
+@pytest.fixture(scope="session")
+def parsers(tmp_path_factory: pytest.TempPathFactory, shared: Path) -> dict[str, argparse.ArgumentParser]:
     """Every command's parser (and troll.train's, for the flags bench/step passes through)."""
-    work = make_work(tmp_path_factory.mktemp("fuzz-parsers") / "work")
+    work = make_work(tmp_path_factory.mktemp("fuzz-parsers") / "work", shared)
     try:
         return {name: command_parser(c, work) for name, c in COMMANDS.items()}
     finally:
@@ -481,15 +504,17 @@ def hub_offline() -> Iterator[None]:
     mp.undo()
 
 
-def fuzz(command: Command, parsers: dict, tmp_path_factory: pytest.TempPathFactory, examples: int, quick: bool):
+def fuzz(
+    command: Command, parsers: dict, shared: Path, tmp_path_factory: pytest.TempPathFactory, examples: int, quick: bool
+) -> None:
     """Hypothesis over `command`'s flags, each example in its own work folder, asserting the invariant."""
     root = tmp_path_factory.mktemp(f"fuzz-{command.module}")
 
-    @settings(max_examples=examples, deadline=None, derandomize=quick, database=None if quick else settings().database,
+    @settings(max_examples=examples, deadline=None, derandomize=quick, database=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large], print_blob=True)  # fmt: skip
     @given(argv=arguments(command, parsers))
     def example(argv: list[str]) -> None:
-        work = make_work(Path(root) / f"w{len(list(Path(root).iterdir()))}")
+        work = make_work(Path(root) / f"w{len(list(Path(root).iterdir()))}", shared)
         try:
             outcome = run(command, [*command.base, *argv], work)
         finally:
@@ -503,15 +528,25 @@ def fuzz(command: Command, parsers: dict, tmp_path_factory: pytest.TempPathFacto
 
 @pytest.mark.usefixtures("hub_offline")
 @pytest.mark.parametrize("module", list(COMMANDS))
-def test_fuzz_quick(module: str, parsers: dict, tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_fuzz_quick(module: str, parsers: dict, shared: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     """A few derandomized examples per command: the same ones every run."""
-    fuzz(COMMANDS[module], parsers, tmp_path_factory, QUICK, quick=True)
+    fuzz(COMMANDS[module], parsers, shared, tmp_path_factory, QUICK, quick=True)
+
+
+# Failures found on today's main, fixed by other branches of issue 40: the marks go once those are merged.
+KNOWN = {
+    "troll.train": "a too short --max_prompt_len is a ValueError traceback (after the run folder is written)",
+    "study.bandit": "--figures over another study's results (KeyError 'cell') or naming a file (FileExistsError)",
+}
 
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("hub_offline")
-@pytest.mark.parametrize("module", list(COMMANDS))
-def test_fuzz(module: str, parsers: dict, tmp_path_factory: pytest.TempPathFactory, request: Any) -> None:
+@pytest.mark.parametrize(
+    "module",
+    [pytest.param(m, marks=pytest.mark.xfail(strict=False, reason=KNOWN[m])) if m in KNOWN else m for m in COMMANDS],
+)
+def test_fuzz(module: str, parsers: dict, shared: Path, tmp_path_factory: pytest.TempPathFactory, request: Any):
     """--fuzz-examples N (default SLOW) random examples per command."""
     examples = request.config.getoption("--fuzz-examples") or SLOW
-    fuzz(COMMANDS[module], parsers, tmp_path_factory, examples, quick=False)
+    fuzz(COMMANDS[module], parsers, shared, tmp_path_factory, examples, quick=False)
