@@ -31,3 +31,10 @@ def gsm8k_dir() -> Path:
 def gsm8k_rows(gsm8k_dir: Path) -> dict[str, int]:
     """Rows per split in `gsm8k_dir`: the sample's, or the full data set's for $TROLL_GSM8K_DIR."""
     return GSM8K_SAMPLE_ROWS if gsm8k_dir == GSM8K_SAMPLE else GSM8K_FULL_ROWS
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """--fuzz-examples N: examples per command in the slow fuzz test (tests/test_fuzz.py; its default otherwise)."""
+    parser.addoption(
+        "--fuzz-examples", type=int, default=None, help="examples per command in tests/test_fuzz.py's slow test"
+    )
