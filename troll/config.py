@@ -439,13 +439,20 @@ def check(cfg: Config) -> list[str]:
          f"got {cfg.vocab_size}")  # fmt: skip
     need(bool(cfg.lora_targets.strip(" ,")), "lora_targets must name at least one layer (or all-linear)")
     names = [t.strip() for t in cfg.lora_targets.split(",")]
-    need(names == ["all-linear"] or "all-linear" not in names,
-         f"lora_targets={cfg.lora_targets!r}: all-linear is every decoder linear; give it alone, or layer names")
+    need(
+        names == ["all-linear"] or "all-linear" not in names,
+        f"lora_targets={cfg.lora_targets!r}: all-linear is every decoder linear; give it alone, or layer names",
+    )
     # values that make every update zero
-    need(cfg.samples_per_prompt >= 2, f"samples_per_prompt={cfg.samples_per_prompt} makes every advantage 0 (each "
-         "estimator subtracts the group's own mean, and a group of one is its mean): use at least 2")
-    need(cfg.lora_rank == 0 or cfg.lora_alpha > 0,
-         "lora_alpha=0 scales the adapters' update (alpha / rank) B A by 0: every update is zero; use alpha > 0")
+    need(
+        cfg.samples_per_prompt >= 2,
+        f"samples_per_prompt={cfg.samples_per_prompt} makes every advantage 0 (each "
+        "estimator subtracts the group's own mean, and a group of one is its mean): use at least 2",
+    )
+    need(
+        cfg.lora_rank == 0 or cfg.lora_alpha > 0,
+        "lora_alpha=0 scales the adapters' update (alpha / rank) B A by 0: every update is zero; use alpha > 0",
+    )
     need(bool(cfg.model), "model must not be empty")
     need(bool(cfg.out), "out must not be empty")
     return problems
