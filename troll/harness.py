@@ -174,7 +174,6 @@ class Run:
         self.cfg, self.out, self.lock = cfg, Path(cfg.out), lock
         self.checkpoint, self.state = checkpoint, state
         self.leftover: list[str] = []  # the files of a failed start, removed by `claim`
-        self.claimed = False
         self.device = device_of(cfg)
         self.t_start = time.time() - (state or {}).get("wall_clock_s", 0.0)
         self.metrics, self.samples = self.out / "metrics.jsonl", self.out / "samples.jsonl"
@@ -257,7 +256,6 @@ class Run:
         if self.state is not None and not self.finished and summary.exists():  # finish() writes it from the state
             summary.unlink()
             print(f"{summary} removed: it is written again when the run ends at step {self.cfg.steps}")
-        self.claimed = True
 
     @property
     def finished(self) -> bool:
