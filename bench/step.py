@@ -66,7 +66,7 @@ import torch  # noqa: E402
 
 import troll.train as train  # noqa: E402
 from bench._util import REWARDS, cpu_user, int_at_least, median, ratio  # noqa: E402
-from troll.cli import Parser, run_command
+from troll.cli import Parser, UsageError, run_command
 from troll.config import Config  # noqa: E402
 from troll.losses import LOSSES  # noqa: E402
 from troll.policy import build_model  # noqa: E402
@@ -143,7 +143,10 @@ def main() -> None:
     torch.manual_seed(cfg.seed)
     model, tokenizer = build_model(cfg, device)
     vocab = len(tokenizer)
-    task, _ = load_task(cfg, tokenizer)
+    try:
+        task, _ = load_task(cfg, tokenizer)
+    except ValueError as e:  # every prompt longer than --max_prompt_len
+        raise UsageError(str(e)) from None
     if cfg.sft_steps:
         warm_start_task(cfg, model, tokenizer, task)  # prints its record
     if a.reward != "task":

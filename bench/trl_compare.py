@@ -263,7 +263,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int_at_least(1), default=8, help="measured RL steps per process")
     ap.add_argument("--warmup", type=int_at_least(0), default=2, help="untimed RL steps first, per process")
     ap.add_argument("--prompts", type=int_at_least(1), default=32, help="prompts per RL step")
-    ap.add_argument("--n", type=int_at_least(1), default=8, help="samples per prompt (num_generations)")
+    ap.add_argument("--n", type=int_at_least(2), default=8, help="samples per prompt (num_generations, >= 2)")
     ap.add_argument("--max_new", type=int_at_least(1), default=5, help="max new tokens (max_completion_length)")
     ap.add_argument("--minibatches", type=int_at_least(1), default=1, help="optimiser steps per RL step")
     ap.add_argument("--lr", type=positive_float, default=1e-4)

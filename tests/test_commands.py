@@ -267,7 +267,8 @@ def test_study_out_and_results_paths(tmp_path):
         ("sparse_models.py", ["--eps", "-1"], ["--eps", "> 0"]),
         ("step.py", ["--repeats", "0"], ["--repeats", "must be >= 1"]),
         ("trl_compare.py", ["--lr", "inf"], ["--lr", "finite"]),
-        ("trl_compare.py", ["--prompts", "3", "--n", "1", "--minibatches", "2"], ["divisible"]),
+        ("trl_compare.py", ["--prompts", "3", "--n", "3", "--minibatches", "2"], ["divisible"]),
+        ("trl_compare.py", ["--n", "1"], ["--n", "must be >= 2"]),  # a group of one: every advantage 0
     ],
 )
 def test_bench_bad_arguments(script, flags, words):

@@ -459,3 +459,106 @@ def test_lora_presets_fit_their_gpu(name):
     assert cfg.micro_batch_tokens == memory.colocated_micro_batch_tokens(cfg.model, gb, run)
     lo, hi = memory.vllm_fractions(cfg.model, gb, run)
     assert lo <= cfg.vllm_gpu_memory <= hi
+
+
+# ------------------------------------------------------------------ every setting acts or is refused (issue 40)
+
+INERT_FLAGS = [
+    (["--loss", "ppo_clip", "--eps", "0.1"], "--eps acts only with --loss troll, not --loss ppo_clip"),
+    (["--loss", "dppo", "--alpha", "0.5"], "--alpha acts only with --loss troll, not --loss dppo"),
+    (["--loss", "cispo", "--level", "token"], "--level acts only with --loss troll or ppo_clip"),
+    (["--clip_low", "0.1"], "--clip_low acts only with --loss ppo_clip, not --loss troll"),
+    (["--loss", "dppo", "--clip_high", "0.28"], "--clip_high acts only with --loss ppo_clip or cispo"),
+    (["--dppo_cap", "3"], "--dppo_cap acts only with --loss dppo"),
+    (["--loss", "ppo_clip", "--dppo_divergence", "topk_kl"], "--dppo_divergence acts only with --loss dppo"),
+    (["--is_cap", "3"], "--is_cap acts only with --is_correction tis, not --is_correction none"),
+    (["--is_correction", "is", "--is_cap", "3"], "--is_cap acts only with --is_correction tis, not --is_correction is"),
+    (["--lora_alpha", "16"], "--lora_alpha acts only with --lora_rank > 0, not --lora_rank 0"),
+    (["--lora_targets", "q_proj"], "--lora_targets acts only with --lora_rank > 0"),
+    (["--vllm_gpu_memory", "0.5"], "--vllm_gpu_memory acts only with --backend vllm, not --backend hf"),
+    (["--sft_steps", "0", "--sft_lr", "1e-3"], "--sft_lr acts only with --sft_steps > 0"),
+    (["--sft_steps", "0", "--sft_target", "0.5"], "--sft_target acts only with --sft_steps > 0"),
+    (["--preset", "gsm8k-qwen2.5-0.5b", "--sft_batch", "8"], "--sft_batch acts only with --sft_steps > 0"),
+    (["--data", "some/folder"], "--data acts only with --task gsm8k, not --task addition"),
+    (["--chat", "true"], "--chat acts only with --task gsm8k"),
+    (["--task", "gsm8k", "--reverse_sum", "false"], "--reverse_sum acts only with --task addition or rare"),
+    (["--samples_per_prompt", "1"], "samples_per_prompt=1 makes every advantage 0"),
+    (["--advantage", "reinforce_pp", "--samples_per_prompt", "1"], "samples_per_prompt=1 makes every advantage 0"),
+    (["--lora_rank", "4", "--lora_alpha", "0"], "lora_alpha=0 scales the adapters' update"),
+    (["--lora_rank", "4", "--lora_targets", "all-linear,q_proj"], "give it alone"),
+]
+
+
+@pytest.mark.parametrize(("argv", "message"), INERT_FLAGS, ids=[" ".join(a) for a, _ in INERT_FLAGS])
+def test_a_setting_that_cannot_act_is_refused(argv, message, capsys, tmp_path):
+    """A flag given for a switch that is off or for another loss, or a value that makes every update zero: one
+    line naming the flag and what makes it act, exit 2, nothing written."""
+    with pytest.raises(SystemExit) as exit_info:
+        Config.from_args([*argv, "--out", str(tmp_path / "run")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and message in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_two_inert_flags_are_named_in_one_line(capsys):
+    with pytest.raises(SystemExit):
+        Config.from_args(["--loss", "cispo", "--eps", "0.1", "--lora_alpha", "8"])
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "--eps" in err and "--lora_alpha" in err, err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--eps", "0.1", "--alpha", "0.5", "--level", "sequence"],
+        ["--loss", "ppo_clip", "--clip_low", "0.1", "--clip_high", "0.28", "--level", "token"],
+        ["--loss", "cispo", "--clip_high", "5"],
+        ["--loss", "dppo", "--dppo_cap", "3", "--dppo_divergence", "topk_kl"],
+        ["--is_correction", "tis", "--is_cap", "3"],
+        ["--lora_rank", "4", "--lora_alpha", "8", "--lora_targets", "q_proj,v_proj"],
+        ["--backend", "vllm", "--vllm_gpu_memory", "0.5"],
+        ["--sft_lr", "1e-3", "--sft_target", "0.5", "--sft_batch", "64"],
+        ["--task", "gsm8k", "--data", "x", "--chat", "true"],
+        ["--task", "rare", "--reverse_sum", "false"],
+        ["--samples_per_prompt", "2", "--advantage", "dr_grpo"],
+    ],
+    ids=lambda a: " ".join(a),
+)
+def test_a_setting_that_acts_is_accepted(argv):
+    Config.from_args(argv)
+
+
+def test_presets_and_defaults_never_trigger_the_rule():
+    """A preset's values are not flags given: the GSM8K presets (no warm-start, sft_* at their defaults) and the
+    LoRA presets on --backend hf (their vllm_gpu_memory then idle) are accepted; the rule reads only `given`."""
+    from troll.config import inert
+
+    for name in PRESETS:
+        Config.from_args(["--preset", name])
+    Config.from_args(["--preset", "gsm8k-qwen3-1.7b-lora", "--backend", "hf"])
+    assert inert(Config(), set()) == []
+    assert inert(Config(loss="ppo_clip"), {"lr", "steps", "clip_low"}) == []
+
+
+def test_the_rule_table_names_fields():
+    """Each row of ACTS_ONLY is a field, switched by a field, and the switch's default makes the row's field act or
+    not as the table says (the table and the code agree on the defaults: eps acts with troll, clip_low does not)."""
+    from troll.config import ACTS_ONLY
+
+    names = {f.name for f in dataclasses.fields(Config)}
+    assert set(ACTS_ONLY) <= names and {switch for switch, _, _ in ACTS_ONLY.values()} <= names
+    default = Config()
+    acting = {name for name, (switch, acts, _) in ACTS_ONLY.items() if acts(getattr(default, switch))}
+    assert acting == {"eps", "alpha", "level", "sft_target", "sft_lr", "sft_batch", "reverse_sum"}
+
+
+def test_resume_refuses_a_flag_that_cannot_act(tmp_path, capsys):
+    """On resume the rule reads the run's config: --vllm_gpu_memory (resume-changeable) for an hf run is refused."""
+    out = tmp_path / "run"
+    out.mkdir()
+    Config().save(out / "config.json")
+    with pytest.raises(SystemExit) as exit_info:
+        Config.from_args(["--out", str(out), "--resume", "true", "--vllm_gpu_memory", "0.5"])
+    assert exit_info.value.code == 2 and "--vllm_gpu_memory acts only with --backend vllm" in capsys.readouterr().err
+    assert Config.from_args(["--out", str(out), "--resume", "true", "--backend", "vllm", "--vllm_gpu_memory", "0.5"])

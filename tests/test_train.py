@@ -550,3 +550,19 @@ def test_a_step_without_signal_leaves_the_weights_bit_identical(tmp_path, monkey
     assert all(torch.equal(before[k], after[k]) for k in before)
     (m,) = rows(tmp_path / "run")
     assert m["frac_no_signal"] == 1.0 and m["grad_norm"] == 0.0 and m["skipped"] == 0
+
+
+def test_a_third_party_exception_while_starting_is_a_run_error(tmp_path):
+    """troll.harness.starting: an exception raised in transformers (a folder that is not a model) becomes a
+    RunError naming what was done, the package, and that the same command runs after the fix; one raised in
+    troll's own code (or the test's) keeps its type and traceback."""
+    from transformers import AutoConfig
+
+    from troll.harness import RunError, raised_by, starting
+
+    with pytest.raises(RunError, match=r"loading x failed in transformers \(ValueError: .*run the same command again"):
+        with starting("loading x"):
+            AutoConfig.from_pretrained(str(tmp_path))
+    with pytest.raises(KeyError) as bug, starting():
+        _ = {}["a bug"]
+    assert raised_by(bug.value) is None

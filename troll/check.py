@@ -82,7 +82,8 @@ def parser() -> argparse.ArgumentParser:
         ("max_new_tokens", "response length limit"),
         ("eval_size", "held-out problems evaluated"),
     ):
-        p.add_argument(f"--{name}", type=int_at_least(1), help=f"{what} (default: the preset's on a GPU, "
+        low = 2 if name == "samples" else 1  # a group of one has advantage 0 (troll.config)
+        p.add_argument(f"--{name}", type=int_at_least(low), help=f"{what} (default: the preset's on a GPU, "
                        f"{CPU_BATCH[name]} on CPU)")  # fmt: skip
     p.add_argument("--repeats", type=int_at_least(1), default=1, help="TROLL / clip update pairs timed (default 1)")
     p.add_argument("--seed", type=int_at_least(0), default=0)

@@ -6,7 +6,18 @@
 Every field is a flag (`--lr 1e-6`, `--bf16 true`, `--micro_batch_tokens auto`), parsed by the field's type; a
 preset sets a group of fields and flags win over it. Every Config is checked when it is made (`check`: types,
 choices, ranges, and combinations that cannot run), so a bad value is a ValueError naming the field, and on the
-command line an argparse error (exit 2) before any work. The resolved config is saved to `<out>/config.json`;
+command line an argparse error (exit 2) before any work. A value that makes every update zero is such a
+combination (`--samples_per_prompt 1`: every estimator subtracts the group's own mean, so a group of one gets A = 0;
+`--lora_alpha 0` with a rank scales the adapters' update by 0).
+
+Every setting acts or is refused: a flag given on the command line for a setting that acts only under a switch
+that is off, or only for another loss, is refused in one line naming the flag and what makes it act (`inert`,
+from the table `ACTS_ONLY`: `--eps 0.1 --loss ppo_clip`, `--lora_alpha 16` without `--lora_rank`). Only the flags
+given are checked: a preset's values and the defaults never are (the field's default is what it would be anyway).
+A comma-separated list must name only what exists: `--lora_targets` names that match no layer of the model are
+refused when the model is built, before the run folder is touched (troll.lora.check_targets).
+
+The resolved config is saved to `<out>/config.json`;
 `--resume true` reads it back with the same checks, and it must name every field, so a run never resumes under
 defaults it did not use. This module imports no torch, so `--help` answers at once.
 
@@ -219,6 +230,8 @@ class Config:
                 cfg = dataclasses.replace(cfg, **overrides)
         except ValueError as e:
             parser.error(str(e))
+        if problems := inert(cfg, set(overrides)):
+            parser.error("; ".join(problems))
         if missing := logger_missing(cfg.log_to):  # an optional package: looked up, not imported
             parser.error(missing)
         return cfg
@@ -425,8 +438,62 @@ def check(cfg: Config) -> list[str]:
     need(cfg.vocab_size == 0 or cfg.vocab_size >= 260, f"vocab_size must be 0 or >= 260 (the tiny tokenizer's size), "
          f"got {cfg.vocab_size}")  # fmt: skip
     need(bool(cfg.lora_targets.strip(" ,")), "lora_targets must name at least one layer (or all-linear)")
+    names = [t.strip() for t in cfg.lora_targets.split(",")]
+    need(
+        names == ["all-linear"] or "all-linear" not in names,
+        f"lora_targets={cfg.lora_targets!r}: all-linear is every decoder linear; give it alone, or layer names",
+    )
+    # values that make every update zero
+    need(
+        cfg.samples_per_prompt >= 2,
+        f"samples_per_prompt={cfg.samples_per_prompt} makes every advantage 0 (each "
+        "estimator subtracts the group's own mean, and a group of one is its mean): use at least 2",
+    )
+    need(
+        cfg.lora_rank == 0 or cfg.lora_alpha > 0,
+        "lora_alpha=0 scales the adapters' update (alpha / rank) B A by 0: every update is zero; use alpha > 0",
+    )
     need(bool(cfg.model), "model must not be empty")
     need(bool(cfg.out), "out must not be empty")
+    return problems
+
+
+# Settings that act only under a switch: field -> (the switch, the switch's values where the field acts, those in
+# words). From how the code reads each field: Config.loss_kwargs (troll.losses' parameters), troll.train,
+# troll.task, troll.warmstart, troll.policy, troll.harness. Every field not listed acts in every run.
+_WARM = (lambda v: v > 0, "--sft_steps > 0 (a supervised warm-start)")
+ACTS_ONLY: dict[str, tuple[str, typing.Callable[[Any], bool], str]] = {
+    "eps": ("loss", lambda v: v == "troll", "--loss troll"),
+    "alpha": ("loss", lambda v: v == "troll", "--loss troll"),
+    "level": ("loss", lambda v: v in ("troll", "ppo_clip"), "--loss troll or ppo_clip"),  # dppo, cispo: per token
+    "clip_low": ("loss", lambda v: v == "ppo_clip", "--loss ppo_clip"),
+    "clip_high": ("loss", lambda v: v in ("ppo_clip", "cispo"), "--loss ppo_clip or cispo"),
+    "dppo_divergence": ("loss", lambda v: v == "dppo", "--loss dppo"),
+    "dppo_cap": ("loss", lambda v: v == "dppo", "--loss dppo"),
+    "is_cap": ("is_correction", lambda v: v == "tis", "--is_correction tis"),
+    "lora_alpha": ("lora_rank", lambda v: v > 0, "--lora_rank > 0"),
+    "lora_targets": ("lora_rank", lambda v: v > 0, "--lora_rank > 0"),
+    "vllm_gpu_memory": ("backend", lambda v: v == "vllm", "--backend vllm"),
+    "sft_target": ("sft_steps", *_WARM),
+    "sft_lr": ("sft_steps", *_WARM),
+    "sft_batch": ("sft_steps", *_WARM),
+    "data": ("task", lambda v: v == "gsm8k", "--task gsm8k"),
+    "chat": ("task", lambda v: v == "gsm8k", "--task gsm8k"),
+    "reverse_sum": ("task", lambda v: v in ("addition", "rare"), "--task addition or rare"),
+}
+
+
+def inert(cfg: Config, given: set[str]) -> list[str]:
+    """The flags in `given` (those on the command line) that cannot act in `cfg`, each named with the switch that
+    makes it act (ACTS_ONLY); empty when every flag given acts. A preset's values and the defaults are never in
+    `given`: only what the user asked for is refused."""
+    problems = []
+    for name in sorted(given & set(ACTS_ONLY)):
+        switch, acts, when = ACTS_ONLY[name]
+        value = getattr(cfg, switch)
+        if not acts(value):
+            shown = str(value).lower() if isinstance(value, bool) else value
+            problems.append(f"--{name} acts only with {when}, not --{switch} {shown}: drop --{name}")
     return problems
 
 

@@ -1,7 +1,8 @@
 """The run around the RL loop: its directory, resume, checkpoints, metrics, evaluations and summary.
 
-    with Run.open(cfg) as run:        # lock <out>; a new run, or the checkpoint to resume from; unlocked at exit
-        ... build the model from run.checkpoint (None: fresh weights) ...
+    with Run.open(cfg, claim=False) as run:  # a new run, or the checkpoint to resume from; nothing written yet
+        ... build the model from run.checkpoint (None: fresh weights), load the data, check them ...
+        run.claim()                   # <out> made and locked, config.json written: the run's first write
         run.begin(acc, records, extra, model, tokenizer, opt, sched)       # new run: step-0 evaluation, checkpoint
         run.restore(opt, sched)                                            # resumed run: optimiser, schedule, logs
         for step in run.steps():                                           # tqdm over the remaining RL steps
@@ -15,10 +16,17 @@ last evaluation, eval_best and its step, the warm-start's record, resume changes
 tensorboard/ with `--log_to tensorboard`.
 
 Rules:
+- Nothing is written before everything checkable is checked: `Run.open` only reads (and locks an `out` that
+  exists: `.lock` is the one file it may add), troll.train checks the model and the data, then `claim` makes
+  `out` and writes config.json. Exceptions raised by third-party code (transformers, peft, tokenizers,
+  safetensors) while the run starts become a RunError naming the package (`starting`); a bug in troll keeps its
+  traceback.
 - One run per directory: a lock file (`.lock`, flock) refuses a second process on the same `out` while the first
-  lives. A new run refuses a directory holding files it would overwrite, naming them, unless they are its own
-  from an attempt killed before its first checkpoint (same config.json, no checkpoint, no summary.json): then it
-  starts again. `--resume true` with no checkpoint yet starts from the beginning too, saying so.
+  lives. A new run refuses a directory holding a whole checkpoint (resume it) or a summary.json (a finished run's)
+  beside its other files, naming them. A directory with neither is a start that failed before its first
+  checkpoint, of any config: its files are removed and the run starts, saying so. A whole checkpoint is never
+  removed. `--resume true` with no checkpoint yet starts from the beginning too, saying so.
+- `--steps` below the steps the resumed checkpoint has done is refused, naming its step.
 - Resume continues from the newest checkpoint that is whole; a damaged one is named and the older one used.
   Metrics and samples rows past it are dropped (the resumed run writes them again). A finished run (checkpoint
   at `steps`, summary.json written) is left untouched. The settings in `troll.config.RESUME_CHANGEABLE` may
@@ -30,6 +38,7 @@ Rules:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import importlib.util
@@ -58,7 +67,11 @@ from troll.cli import UsageError
 from troll.config import RESUME_CHANGEABLE, Config, settings
 from troll.metrics import Logger, logger_missing
 
-RUN_FILES = ("config.json", "metrics.jsonl", "samples.jsonl", "summary.json", "checkpoints")
+RUN_FILES = ("config.json", "metrics.jsonl", "samples.jsonl", "summary.json", "checkpoints", "base")
+# what a start that failed before its first checkpoint may leave besides RUN_FILES (troll.train, troll.checkpoint)
+START_FILES = (".tmp-base", "engine-init", "tensorboard")
+# packages whose exceptions during start-up are about the user's model, files or settings (`starting`)
+THIRD_PARTY = ("transformers", "peft", "tokenizers", "safetensors", "huggingface_hub")
 # what trainer.pt holds besides the optimiser and schedule; `config`: the settings it was written with
 STATE_KEYS = ("step", "eval_before", "eval_after", "eval_best", "eval_best_step", "skipped_steps", "changes")
 STATE_KEYS += ("pending", "config")
@@ -118,12 +131,49 @@ def check_sources(cfg: Config) -> None:
         raise RunError(str(e)) from None
 
 
+def raised_by(error: BaseException) -> str | None:
+    """The third-party package (THIRD_PARTY) whose code raised `error`, or None: the innermost frame of its
+    traceback that is troll's or one of theirs decides (frames of the standard library and torch in between are
+    skipped: json raising inside transformers is transformers')."""
+    frames, tb = [], error.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame.f_globals.get("__name__", ""))
+        tb = tb.tb_next
+    for module in reversed(frames):
+        top = module.split(".")[0]
+        if top == "troll":
+            return None
+        if top in THIRD_PARTY:
+            return top
+    return None
+
+
+@contextlib.contextmanager
+def starting(what: str = "starting the run") -> Iterator[None]:
+    """Around a part of a run's start-up (before its first step), `what` it does ("loading --model X"): an
+    exception raised by third-party code (`raised_by`) becomes a RunError naming that, the package and what it
+    said; the same command runs again after the fix (a failed start is restarted, a resume resumes). Anything
+    raised in troll's own code (a RunError of an inner `starting` too) passes unchanged."""
+    try:
+        yield
+    except Exception as e:
+        package = raised_by(e)
+        if package is None:
+            raise
+        said = " ".join(str(e).split())[:400] or "no message"
+        raise RunError(
+            f"{what} failed in {package} ({type(e).__name__}: {said}); fix it, then run the same command again"
+        ) from e
+
+
 class Run:
-    """One run directory, held (locked) by this process from `open` to the end of its `with` block."""
+    """One run directory, held (locked) by this process from `open` (an `out` that exists) or `claim` (a new one)
+    to the end of its `with` block."""
 
     def __init__(self, cfg: Config, lock: Any, checkpoint: Path | None, state: dict | None) -> None:
         self.cfg, self.out, self.lock = cfg, Path(cfg.out), lock
         self.checkpoint, self.state = checkpoint, state
+        self.leftover: list[str] = []  # the files of a failed start, removed by `claim`
         self.device = device_of(cfg)
         self.t_start = time.time() - (state or {}).get("wall_clock_s", 0.0)
         self.metrics, self.samples = self.out / "metrics.jsonl", self.out / "samples.jsonl"
@@ -136,42 +186,76 @@ class Run:
     def __exit__(self, *exc: Any) -> None:
         if self.logger is not None:
             self.logger.close()
-        self.lock.close()
+        if self.lock is not None:
+            self.lock.close()
 
     # ------------------------------------------------------------------ opening: new, restarted or resumed
 
     @classmethod
-    def open(cls, cfg: Config) -> Run:
+    def open(cls, cfg: Config, claim: bool = True) -> Run:
+        """The run in `cfg.out`: new, restarted after a failed start, or resumed from its newest whole checkpoint,
+        decided by reading only (an `out` that exists is locked at once). With `claim` the run claims `out` at once
+        (`claim`); troll.train passes False, checks the model and the data, then claims."""
         if missing := logger_missing(cfg.log_to):  # before anything is written, as the command line does
             raise ImportError(missing)
         if missing := environment_missing(cfg):
             raise RunError(missing)
         out = Path(cfg.out)
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-        except (FileExistsError, NotADirectoryError, PermissionError) as e:
-            raise RunError(f"--out {out} cannot be a run directory ({e.strerror})") from None
-        lock = _lock(out)
+        if out.exists() and not out.is_dir():
+            raise RunError(f"--out {out} cannot be a run directory (it is a file): choose another --out")
+        lock = _lock(out) if out.is_dir() else None
         try:
             checkpoint, state = _pick_checkpoint(out) if cfg.resume else (None, None)
-            if state is None:
-                _check_fresh(cfg, out)
-            else:
+            leftover = _check_fresh(out) if state is None else []
+            if state is not None:
                 cfg = _resumed_config(cfg, state)
+                if state["step"] > cfg.steps:
+                    raise RunError(
+                        f"--steps {cfg.steps} is below the {state['step']} steps done by {checkpoint}: pass --steps "
+                        f"{state['step']} or more"
+                    )
+            if cfg.micro_batch_tokens == 0:
+                cfg = dataclasses.replace(cfg, micro_batch_tokens=auto_micro_batch(cfg, device_of(cfg)))
+                print(f"micro_batch_tokens auto: {cfg.micro_batch_tokens}")
+            run = cls(cfg, lock, checkpoint, state)
+            run.leftover = leftover
+            if claim:
+                run.claim()
         except BaseException:
-            lock.close()
+            if lock is not None:
+                lock.close()
             raise
-        if cfg.micro_batch_tokens == 0:
-            cfg = dataclasses.replace(cfg, micro_batch_tokens=auto_micro_batch(cfg, device_of(cfg)))
-            print(f"micro_batch_tokens auto: {cfg.micro_batch_tokens}")
-        run = cls(cfg, lock, checkpoint, state)
-        if not run.finished:
-            cfg.save(out / "config.json")
-        summary = out / "summary.json"
-        if state is not None and not run.finished and summary.exists():  # finish() writes it again from the state
-            summary.unlink()
-            print(f"{summary} removed: it is written again when the run ends at step {cfg.steps}")
         return run
+
+    def claim(self) -> None:
+        """The run's first write, once everything checkable is checked: `out` made and locked if it is new (and
+        checked again: another process may have written there since `open`), a failed start's files removed,
+        config.json written, and a resumed run's summary.json removed (`finish` writes it again)."""
+        out = self.out
+        if self.lock is None:
+            try:
+                out.mkdir(parents=True, exist_ok=True)
+            except (FileExistsError, NotADirectoryError, PermissionError) as e:
+                raise RunError(f"--out {out} cannot be a run directory ({e.strerror})") from None
+            self.lock = _lock(out)
+            if self.state is None:
+                self.leftover = _check_fresh(out)
+        if self.leftover:
+            print(f"{out}: a run stopped before its first checkpoint here ({', '.join(self.leftover)}); starting this "
+                  "run from the beginning")  # fmt: skip
+            for name in (*RUN_FILES, *START_FILES):
+                path = out / name
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path)
+                elif path.exists() or path.is_symlink():
+                    path.unlink()
+            self.leftover = []
+        if not self.finished:
+            self.cfg.save(out / "config.json")
+        summary = out / "summary.json"
+        if self.state is not None and not self.finished and summary.exists():  # finish() writes it from the state
+            summary.unlink()
+            print(f"{summary} removed: it is written again when the run ends at step {self.cfg.steps}")
 
     @property
     def finished(self) -> bool:
@@ -315,32 +399,21 @@ def _lock(out: Path) -> Any:
     return f
 
 
-def _same_run(cfg: Config, out: Path) -> bool:
-    """Whether <out>/config.json is this run: the same settings, up to those that may change on resume."""
-    try:
-        saved = dataclasses.asdict(Config.load(out / "config.json"))
-    except (OSError, ValueError):
-        return False
-    fixed = {k: v for k, v in settings(dataclasses.asdict(cfg)).items() if k not in RESUME_CHANGEABLE}
-    return all(saved[k] == v for k, v in fixed.items())
-
-
-def _check_fresh(cfg: Config, out: Path) -> None:
-    """A new run may start in `out` if nothing there would be overwritten, or if the files are this run's own from
-    an attempt killed before its first checkpoint."""
+def _check_fresh(out: Path) -> list[str]:
+    """Whether a new run may start in `out`, read only: the run files there that a failed start left (removed by
+    `Run.claim`), empty when there are none. A whole checkpoint (resume it) or a summary.json (a finished run's) is
+    refused: neither is ever removed."""
     present = [name for name in RUN_FILES if (out / name).exists()]
     if not present:
-        return
+        return []
     if complete_checkpoints(out):
         raise RunError(f"{out} already holds a run: pass --resume true to continue it, or choose another --out")
-    if "summary.json" not in present and _same_run(cfg, out):
-        print(f"{out}: this run stopped before its first checkpoint; starting it from the beginning")
-        shutil.rmtree(out / "checkpoints", ignore_errors=True)
-        return
-    raise RunError(
-        f"{out} holds files this run would overwrite ({', '.join(present)}), written by another run or a finished "
-        "one: choose another --out, or remove them"
-    )
+    if "summary.json" in present:
+        raise RunError(
+            f"{out} holds files this run would overwrite ({', '.join(present)}), written by another run or a "
+            "finished one: choose another --out, or remove them"
+        )
+    return present
 
 
 def _pick_checkpoint(out: Path) -> tuple[Path | None, dict | None]:

@@ -72,6 +72,25 @@ def targets(spec: str) -> str | list[str]:
     return "all-linear" if names == ["all-linear"] else names
 
 
+def check_targets(model: Any, spec: str) -> None:
+    """ValueError unless every comma-separated name in `spec` (Config.lora_targets) matches a layer of `model` that
+    LoRA adapts, by PEFT's rule (a module named it, or whose name ends in "." + it). PEFT itself drops a name that
+    matches nothing when another name matches, so a typo would train fewer layers in silence. all-linear always
+    matches. The message lists the model's linear layer names."""
+    names = targets(spec)
+    if names == "all-linear":
+        return
+    adaptable = (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d, torch.nn.Conv2d)
+    modules = [n for n, m in model.named_modules() if isinstance(m, adaptable) or type(m).__name__ == "Conv1D"]
+    unmatched = [t for t in names if not any(m == t or m.endswith(f".{t}") for m in modules)]
+    if unmatched:
+        linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+        raise ValueError(
+            f"--lora_targets {spec}: {', '.join(unmatched)} matches no layer of the model; its linear layers are "
+            f"{', '.join(linear)} (or pass all-linear)"
+        )
+
+
 def add_adapters(model: Any, rank: int, alpha: float, target: str = "all-linear") -> Any:
     """New rank-`rank` adapters on `model`, whose own weights are frozen: a PeftModel that computes exactly `model`
     (B = 0) until it is trained. ValueError when `target` names no layer of the model."""

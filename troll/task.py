@@ -83,7 +83,11 @@ def load_task(cfg: Any, tokenizer: Any) -> tuple[Task, dict[str, int]]:
         lengths = [len(ids) for ids in encode(tokenizer, [task.prompt(r["question"]) for r in rows])]
         keep = [r for r, n in zip(rows, lengths, strict=True) if n <= cfg.max_prompt_len]
         if not keep:
-            raise ValueError(f"every {split} prompt is longer than max_prompt_len={cfg.max_prompt_len}")
+            shortest = min(lengths, default=0)
+            raise ValueError(
+                f"every {split} prompt is longer than --max_prompt_len {cfg.max_prompt_len} (the shortest has "
+                f"{shortest} tokens): pass --max_prompt_len {shortest} or more"
+            )
         dropped[split] = len(rows) - len(keep)
         setattr(task, split, keep)
     return task, dropped

@@ -39,6 +39,7 @@ if __name__ == "__main__":  # parse the command line before importing torch: --h
 
 import math
 import shlex
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -50,10 +51,11 @@ from troll.advantages import advantages
 from troll.checkpoint import save_base
 from troll.cli import run_command
 from troll.diagnostics import StepTimer, UpdateKL, step_row
-from troll.harness import Run, check_sources
-from troll.lora import base_weights, owns_base, unwrap
+from troll.harness import Run, RunError, check_sources, starting
+from troll.lora import base_source, base_weights, check_targets, is_adapter_checkpoint, owns_base, unwrap
 from troll.losses import LOSSES
 from troll.metrics import merge
+from troll.padding import check_vocab
 from troll.policy import adapt, build_model, rollout_logits
 from troll.rollout import Batch, Generator, HFGenerator, Rollouts
 from troll.sparse import SparseDist, cat_rows, sparsify, sparsify_topk
@@ -73,6 +75,7 @@ def make_generator(cfg: Config, model: Any, tokenizer: Any, out: Path) -> Genera
 
     auto_dtype = "bfloat16" if model.device.type == "cuda" else "float32"  # vLLM's usual dtype; CPU: the trainer's
     init = out / "engine-init"  # the engine loads the base once from disk; every update is pushed in place
+    shutil.rmtree(init, ignore_errors=True)  # written again whole: no file of another model left in it
     unwrap(model).save_pretrained(init, state_dict=base_weights(model))  # LoRA: the base, under its own names
     tokenizer.save_pretrained(init)
     engine = VLLMGenerator(
@@ -255,32 +258,74 @@ def rl_step(
 # ----------------------------------------------------------------------------- the loop
 
 
+def check_start(cfg: Config, model: Any, tokenizer: Any, fresh: bool) -> None:
+    """What the model and the tokenizer decide about `cfg`, checked before the run writes anything: the tokenizer
+    fits the output layer, --kl_update_vocab can act, and a new LoRA run's every --lora_targets name matches a layer
+    (troll.lora.check_targets). A RunError names the setting."""
+    try:
+        check_vocab(len(tokenizer), unwrap(model).get_output_embeddings().weight.shape[0])
+        if fresh and cfg.lora_rank:
+            check_targets(model, cfg.lora_targets)
+    except ValueError as e:
+        raise RunError(f"--model {cfg.model}: {e}") from None
+    if 0 < cfg.kl_update_vocab < len(tokenizer):
+        raise RunError(
+            f"--kl_update_vocab {cfg.kl_update_vocab} is below the model's {len(tokenizer)}-token vocabulary, so the "
+            f"update-KL probe never runs: pass 0 (off) or at least {len(tokenizer)}"
+        )
+
+
+def start(run: Run, wrap_generator: Callable[[Generator], Generator] | None = None) -> tuple[Any, ...]:
+    """The run up to its first step: the model and the data, every check that needs them (nothing is written until
+    they pass), then the run folder claimed (troll.harness), the warm-start and LoRA adapters (a new run), the
+    optimiser, the rollout engine, and the step-0 evaluation and checkpoint (new) or the restored state (resumed).
+    Returns (model, tokenizer, task, generator, opt, sched)."""
+    cfg = run.cfg
+    source = f"--model {cfg.model}" if run.checkpoint is None else f"the checkpoint {run.checkpoint}"
+    if run.checkpoint is not None and is_adapter_checkpoint(run.checkpoint):
+        try:  # a resumed LoRA run's base: <out>/base, or the model it names
+            source += f" on its base {base_source(cfg, run.out)}"
+        except ValueError as e:
+            raise RunError(str(e)) from None
+    torch.manual_seed(cfg.seed)
+    with starting(f"loading {source}"):  # resumed LoRA: its adapters on the base
+        model, tokenizer = build_model(cfg, run.device, path=run.checkpoint)
+    try:
+        task, dropped = load_task(cfg, tokenizer)
+    except (OSError, ValueError) as e:  # all prompts too long, or the data unreadable
+        raise RunError(str(e)) from None
+    check_start(cfg, model, tokenizer, fresh=run.checkpoint is None)
+    run.claim()  # the run's first write
+    if run.checkpoint is None:
+        warm = warm_start_task(cfg, model, tokenizer, task) if cfg.sft_steps else {}
+        if cfg.lora_rank and owns_base(cfg):  # LoRA checkpoints hold adapters: the base they adapt is kept once
+            save_base(run.out, model, tokenizer)
+        model = adapt(cfg, model)  # full fine-tuning: the model itself; LoRA: new adapters on the frozen base
+    opt, sched = make_optimizer(cfg, model)
+    generator = make_generator(cfg, model, tokenizer, run.out)
+    generator = wrap_generator(generator) if wrap_generator else generator
+    if run.checkpoint is None:
+        extra = warm | {"dropped_prompts": dropped["train"], "dropped_test_prompts": dropped["test"]}
+        run.begin(*evaluate(generator, tokenizer, task, cfg.max_new_tokens), extra, model, tokenizer, opt, sched)
+    else:
+        run.restore(opt, sched)
+    return model, tokenizer, task, generator, opt, sched
+
+
 def train(
     cfg: Config, loss_fn: LossFn | None = None, wrap_generator: Callable[[Generator], Generator] | None = None
 ) -> dict:
     """Run (or resume) the RL loop of `cfg`; returns the summary written to <out>/summary.json. `loss_fn` and
     `wrap_generator` are seams for measurements (troll.check): a loss that inspects its inputs, a generator that
-    records its calls around the real one."""
-    with Run.open(cfg) as run:  # the run directory: new, or resumed from its newest whole checkpoint (troll.harness)
+    records its calls around the real one. A failure before the first step leaves nothing, or a folder the same
+    command starts again in (troll.harness); a third-party package's exception there is a RunError (`starting`)."""
+    # the run directory: new, restarted or resumed from its newest whole checkpoint; nothing written until claimed
+    with Run.open(cfg, claim=False) as run:
         if run.finished:
             return run.summary()
+        with starting():
+            model, tokenizer, task, generator, opt, sched = start(run, wrap_generator)
         cfg = run.cfg
-        torch.manual_seed(cfg.seed)
-        model, tokenizer = build_model(cfg, run.device, path=run.checkpoint)  # resumed LoRA: its adapters on the base
-        task, dropped = load_task(cfg, tokenizer)
-        if run.checkpoint is None:
-            warm = warm_start_task(cfg, model, tokenizer, task) if cfg.sft_steps else {}
-            if cfg.lora_rank and owns_base(cfg):  # LoRA checkpoints hold adapters: the base they adapt is kept once
-                save_base(run.out, model, tokenizer)
-            model = adapt(cfg, model)  # full fine-tuning: the model itself; LoRA: new adapters on the frozen base
-        opt, sched = make_optimizer(cfg, model)
-        generator = make_generator(cfg, model, tokenizer, run.out)
-        generator = wrap_generator(generator) if wrap_generator else generator
-        if run.checkpoint is None:
-            extra = warm | {"dropped_prompts": dropped["train"], "dropped_test_prompts": dropped["test"]}
-            run.begin(*evaluate(generator, tokenizer, task, cfg.max_new_tokens), extra, model, tokenizer, opt, sched)
-        else:
-            run.restore(opt, sched)
         probe = UpdateKL(cfg, len(tokenizer)) if len(tokenizer) <= cfg.kl_update_vocab else None
         for step in run.steps():
             pending = run.state["pending"]

@@ -1,0 +1,173 @@
+"""A run's start through the real command (issue 40): nothing is written before everything checkable is checked, a
+start that failed later leaves a folder the corrected command runs in, a third-party exception while the run
+starts is one line, every flag given acts or is refused, and a resume never goes back in steps.
+
+Each test runs `python -m troll.train` in a subprocess, as a user does; the invariant: exit 0, or exit 2 with one
+line naming the setting or file and the way forward, no traceback, and no finished checkpoint lost."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from test_commands import command
+from test_misuse import files, one_line
+
+pytestmark = pytest.mark.slow
+
+# one quick RL step on the tiny task, no warm-start
+QUICK = ["--sft_steps", "0", "--eval_size", "4", "--eval_every", "1", "--save_every", "1", "--prompts_per_step", "4",
+         "--samples_per_prompt", "2", "--steps", "1"]  # fmt: skip
+
+
+def train(out: Path, *flags: str):
+    return command("-m", "troll.train", "--out", str(out), *flags)
+
+
+def ran(result, out: Path, steps: int = 1) -> None:
+    """The command exited 0 with a run of `steps` steps in `out`."""
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (out / "summary.json").is_file() and (out / "checkpoints" / f"step-{steps:06d}").is_dir()
+
+
+@pytest.mark.parametrize(
+    ("wrong", "right", "words"),
+    [
+        (["--max_prompt_len", "3"], ["--max_prompt_len", "6"], ["--max_prompt_len 3", "the shortest has 6 tokens"]),
+        (
+            ["--lora_rank", "4", "--lora_targets", "q_proj,v_prj"],
+            ["--lora_rank", "4", "--lora_targets", "q_proj,v_proj"],
+            ["v_prj matches no layer", "q_proj", "v_proj", "up_proj"],
+        ),
+    ],
+    ids=["max_prompt_len", "lora_targets"],
+)
+def test_a_failed_start_writes_nothing(tmp_path, wrong, right, words):
+    """A check that needs the model or the data (every prompt too long; a LoRA target name that matches no layer,
+    which PEFT drops in silence when another matches) refuses the run before <out> is made; the corrected command
+    then runs in the same --out. An --out that exists keeps its files: only .lock is added."""
+    out = tmp_path / "run"
+    one_line(train(out, *QUICK, *wrong), 2, *words)
+    assert not out.exists()
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    one_line(train(out, *QUICK, *wrong), 2, *words)
+    assert files(out) == {"notes.txt": b"mine"}
+    ran(train(out, *QUICK, *right), out)
+
+
+def test_a_broken_model_folder_is_one_line_and_the_same_command_runs_after_the_fix(tmp_path):
+    """transformers failing on a damaged model folder while the run starts: one line naming --model and the
+    package, nothing written; once the folder is repaired, the same command runs."""
+    from troll import addition
+    from troll.tiny import save_tiny, tiny_llama, train_tokenizer
+
+    tok = train_tokenizer(addition.corpus(), vocab_size=64)
+    good = save_tiny(tiny_llama(tok, hidden=32, layers=1, heads=2), tok, tmp_path / "good")
+    model = tmp_path / "model"
+    shutil.copytree(good, model)
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    out = tmp_path / "run"
+    flags = ["--model", str(model), *QUICK]
+    one_line(train(out, *flags), 2, f"--model {model}", "transformers", "run the same command again")
+    assert not out.exists()
+    shutil.copy(good / "model.safetensors", weights)
+    ran(train(out, *flags), out)
+
+
+def test_a_start_that_failed_after_writing_restarts_with_other_flags(tmp_path, monkeypatch):
+    """A start that failed after the run folder was written (here: the rollout engine, after the LoRA base was
+    saved) leaves config.json and <out>/base but no checkpoint: the corrected command, with other settings, runs
+    in the same --out and says it starts from the beginning."""
+    import dataclasses
+
+    from test_train import tiny
+
+    from troll.train import train as train_in_process
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the engine did not start")
+
+    monkeypatch.setattr("troll.train.make_generator", broken)
+    with pytest.raises(RuntimeError, match="did not start"):
+        train_in_process(dataclasses.replace(tiny(tmp_path, lora_rank=4), lr=1e-3))
+    out = tmp_path / "run"
+    assert (out / "config.json").is_file() and (out / "base").is_dir() and not (out / "checkpoints").exists()
+    result = train(out, *QUICK, "--lora_rank", "4", "--lr", "3e-4")
+    ran(result, out)
+    assert "stopped before its first checkpoint" in result.stdout
+
+
+def test_a_failed_start_of_another_config_restarts_but_a_whole_checkpoint_is_never_removed(tmp_path):
+    """The files an older troll's failed start left (another config's config.json, metrics, a half-written
+    checkpoint folder, a LoRA base): the new run starts there. A folder with a whole checkpoint is refused,
+    unchanged."""
+    out = tmp_path / "run"
+    ran(train(out, *QUICK), out)
+    finished = files(out)
+    (out / "summary.json").unlink()
+    whole = files(out)
+    one_line(train(out, *QUICK, "--lr", "1e-3"), 2, "already holds a run", "--resume true")
+    assert files(out) == whole
+    shutil.rmtree(out / "checkpoints")
+    (out / "checkpoints" / ".tmp-step-000000").mkdir(parents=True)
+    (out / "base").mkdir()
+    (out / "base" / "config.json").write_text("{}")
+    result = train(out, *QUICK, "--lr", "1e-3")
+    ran(result, out)
+    assert "stopped before its first checkpoint" in result.stdout and not (out / "base").exists()
+    assert set(files(out)) == set(finished)
+
+
+def test_a_damaged_base_on_resume_is_one_line_and_changes_nothing(tmp_path):
+    """A LoRA run's <out>/base damaged (garbled weights) or missing: resume refuses in one line naming it; nothing
+    in the run changes; with the base restored the same command resumes."""
+    out = tmp_path / "run"
+    ran(train(out, *QUICK, "--lora_rank", "4"), out)
+    weights = out / "base" / "model.safetensors"
+    good = weights.read_bytes()
+    weights.write_bytes(b"\x00" * 64 + good[64:])
+    before = files(out)
+    resume = ["--resume", "true", "--steps", "2"]
+    one_line(train(out, *resume), 2, "base", "run the same command again")
+    assert files(out) == before
+    shutil.move(out / "base", tmp_path / "base")
+    one_line(train(out, *resume), 2, f"{out / 'base'} is missing")
+    assert files(out) == {k: v for k, v in before.items() if not k.startswith("base/")}
+    shutil.move(tmp_path / "base", out / "base")
+    weights.write_bytes(good)
+    ran(train(out, *resume), out, steps=2)
+
+
+def test_resume_with_fewer_steps_than_done_is_refused(tmp_path):
+    """`--resume true --steps N` below the checkpoint's step: one line naming that step, nothing changed (it
+    once exited 0 with a summary that disagreed with the metrics and the checkpoint); equal steps on a finished
+    run is still "nothing to do"."""
+    out = tmp_path / "run"
+    ran(train(out, *QUICK, "--steps", "2"), out, steps=2)
+    before = files(out)
+    one_line(train(out, "--resume", "true", "--steps", "1"), 2, "--steps 1", "2 steps", "step-000002", "--steps 2")
+    assert files(out) == before
+    same = train(out, "--resume", "true", "--steps", "2")
+    assert same.returncode == 0 and "nothing to do" in same.stdout and files(out) == before
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--loss", "ppo_clip", "--eps", "0.1"], ["--eps acts only with --loss troll", "not --loss ppo_clip"]),
+        (["--lora_alpha", "16"], ["--lora_alpha acts only with --lora_rank > 0"]),
+        (["--is_cap", "3"], ["--is_cap acts only with --is_correction tis"]),
+        (["--samples_per_prompt", "1"], ["samples_per_prompt=1 makes every advantage 0"]),
+        (["--lora_rank", "4", "--lora_alpha", "0"], ["lora_alpha=0"]),
+    ],
+    ids=["eps", "lora_alpha", "is_cap", "samples_per_prompt", "lora_alpha_0"],
+)
+def test_a_setting_that_cannot_act_is_refused_by_the_command(tmp_path, flags, words):
+    """A flag for a switch that is off or another loss, or a value that zeroes every update: one line, exit 2,
+    nothing written."""
+    out = tmp_path / "run"
+    one_line(train(out, *QUICK, *flags), 2, *words)
+    assert not out.exists()
