@@ -110,8 +110,8 @@ def test_misuse_is_one_line_and_writes_nothing(workdir, module, flags, words):
 def test_a_missing_vllm_is_refused_before_anything_is_written(workdir, module, flags):
     before = files(workdir)
     out = ["--out", str(workdir / "new")]
-    one_line(without_vllm(module, *out, "--data", str(workdir / "gsm8k"), *(f.format(w=workdir) for f in flags)), 2,
-             "vllm", "--backend hf")  # fmt: skip
+    data = ["--data", str(workdir / "gsm8k")] if module == "troll.evaluate" else []  # train: addition, no --data
+    one_line(without_vllm(module, *out, *data, *(f.format(w=workdir) for f in flags)), 2, "vllm", "--backend hf")
     assert files(workdir) == before
     assert not (workdir / "new").exists()
 
