@@ -26,7 +26,7 @@ TEXT_TOKENS = 24  # the terminal shows at most this many tokens of a sample (the
 
 def load(run: str) -> tuple[dict, list[dict]]:
     """A run's config (as saved) and its per-token records; UsageError naming what is missing or damaged."""
-    from troll import records  # imports torch: after the flags are parsed
+    from troll import records
 
     out = Path(run)
     if not out.is_dir():

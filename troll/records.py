@@ -28,25 +28,24 @@ under no_grad. The loss's value and gradient are untouched (the run is the same 
 `Recorder.after` reads p(y) after the update, one sample at a time (no [T, V] tensor with the chunked head).
 
 `read` is the reader for troll.inspect: a missing, empty or damaged file is a UsageError naming it and the way
-forward, never a traceback.
+forward, never a traceback. torch is imported where the recorder runs, so the reader loads without it.
 """
 
 from __future__ import annotations
 
-import json
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING, Any
 
 from troll.cli import UsageError
-from troll.head import LMHead, gather_logprobs
-from troll.project import project_sparse
-from troll.sparse import SparseDist, build_support
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from troll.sparse import SparseDist
 
 FILE = "tokens.jsonl"
 FIELDS = ("text", "q", "p", "p_after", "kl", "projected", "ratio", "ratio_proj", "clipped")  # per token, columnar
@@ -69,10 +68,9 @@ def due(cfg: Any, step: int) -> bool:
 def pick(adv: Tensor, n: int) -> list[int]:
     """The `n` samples to record, sorted: ceil(n / 2) with the highest advantage, the rest with the lowest (ties
     to the lower index), so a rewarded rare completion and a failed one both show."""
-    order = sorted(range(len(adv)), key=lambda i: (-float(adv[i]), i))
-    n = min(n, len(order))
-    top = order[: (n + 1) // 2]
-    low = [i for i in reversed(order) if i not in top][: n - len(top)]
+    n = min(n, len(adv))
+    top = sorted(range(len(adv)), key=lambda i: (-float(adv[i]), i))[: (n + 1) // 2]
+    low = [i for i in sorted(range(len(adv)), key=lambda i: (float(adv[i]), i)) if i not in top][: n - len(top)]
     return sorted(top + low)
 
 
@@ -119,10 +117,22 @@ class Recorder:
 
         return recorded
 
-    @torch.no_grad()
     def _record(self, logits: Any, tokens: Tensor, mask: Tensor, adv: Tensor, old: SparseDist, j: int, i: int,
                 batch: Any) -> dict:  # fmt: skip
         """Sample `i` of the batch, row `j` of this call: its tokens as the loss saw them."""
+        import torch
+
+        with torch.no_grad():
+            return self._figures(logits, tokens, mask, adv, old, j, i, batch)
+
+    def _figures(self, logits: Any, tokens: Tensor, mask: Tensor, adv: Tensor, old: SparseDist, j: int, i: int,
+                 batch: Any) -> dict:  # fmt: skip
+        import torch
+
+        from troll.head import LMHead
+        from troll.project import project_sparse
+        from troll.sparse import build_support
+
         cfg, T = self.cfg, tokens.shape[1]
         if not torch.equal(tokens[j].cpu(), batch.ro.completion_ids[i]):
             raise RuntimeError("troll.records: the loss's calls no longer follow troll.train.update's order")
@@ -156,18 +166,21 @@ class Recorder:
             "clipped": [int(x) for x in clipped.tolist()],
         }
 
-    @torch.no_grad()
     def after(self, model: Any, batch: Any) -> None:
         """p(y) under the network after the update, for every recorded sample (one sample per forward)."""
-        from troll.policy import rollout_logits  # the model's forward: imported where it is needed
+        import torch
+
+        from troll.head import gather_logprobs
+        from troll.policy import rollout_logits
 
         ro, vocab = batch.ro, len(self.tokenizer)
-        for i, rec in self.samples.items():
-            x = rollout_logits(model, ro, torch.tensor([i]), vocab, self.cfg.logits_chunk, self.cfg.bf16)
-            x = x.reshape(-1, x.shape[-1])
-            ids = ro.completion_ids[i].to(x.device)[:, None]
-            logp, _, _ = gather_logprobs(x, ids, torch.ones_like(ids, dtype=torch.bool))
-            rec["p_after"] = _figs(logp[: len(rec["text"]), 0].double().exp())
+        with torch.no_grad():
+            for i, rec in self.samples.items():
+                x = rollout_logits(model, ro, torch.tensor([i]), vocab, self.cfg.logits_chunk, self.cfg.bf16)
+                x = x.reshape(-1, x.shape[-1])
+                ids = ro.completion_ids[i].to(x.device)[:, None]
+                logp, _, _ = gather_logprobs(x, ids, torch.ones_like(ids, dtype=torch.bool))
+                rec["p_after"] = _figs(logp[: len(rec["text"]), 0].double().exp())
 
     def row(self) -> dict:
         """The step's row for tokens.jsonl (step counts from 1, as metrics.jsonl's)."""
@@ -189,7 +202,7 @@ def _figs(x: Tensor) -> list[float | None]:
 def read(out: Path) -> list[dict]:
     """The rows of `<out>/tokens.jsonl`, checked; a UsageError naming the file and the way forward when it is
     missing, empty or damaged (a torn last line, what a crash leaves, is skipped as resume would)."""
-    from troll.checkpoint import read_jsonl  # no torch import there either; kept beside its one use
+    from troll.checkpoint import read_jsonl
 
     path = Path(out) / FILE
     if not path.is_file():
@@ -197,8 +210,6 @@ def read(out: Path) -> list[dict]:
             f"{path} does not exist: the run has no per-token records (made before they existed, or with "
             "--records_samples 0); run it again, or resume it with --records_samples 4"
         )
-    import warnings
-
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a torn tail: skipped, as resume drops it
@@ -235,7 +246,3 @@ def _row_problem(row: dict) -> str | None:
             return "a sample's text holds a value that is not a string"
     return None
 
-
-def to_json(row: dict) -> str:
-    """One row as tokens.jsonl writes it (compact)."""
-    return json.dumps(row, separators=(",", ":"))
