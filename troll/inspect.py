@@ -6,8 +6,10 @@ prints, for each run, the step's recorded samples token by token (q, p before an
 projection, projected or not, the raw and the projected ratio, and whether PPO-clip would have cut the token), and
 with `--out` writes one self-contained HTML page: inline CSS and script, nothing fetched, it opens from disk. The
 page shows each completion as its tokens, coloured by the quantity chosen at its top, the exact figures on hover
-and on click, each run's settings and step, and two runs side by side. `--step` picks the step (default: the last
-one every run recorded). A missing or damaged run file is one line (`troll.cli.run_command`), never a traceback.
+and on click, each run's settings and step, and two runs side by side. `page.html#pin=RUN.SAMPLE.TOKEN,...` opens
+with those tokens' figures shown (`#pin=1.239.3`: the second run, sample 239, its fourth token). `--step` picks the
+step (default: the last one every run recorded), `--colour` the colouring the page opens with. A missing or damaged
+run file is one line (`troll.cli.run_command`), never a traceback.
 """
 
 from __future__ import annotations
@@ -113,9 +115,10 @@ h1 { font-size: 17px; margin: 0 0 6px; }
        border: 1px solid transparent; cursor: pointer; white-space: pre; display: inline-block; }
 .tok.over { border-color: #000; }
 .tok.sel { outline: 2px solid #06c; }
-#detail { position: fixed; right: 12px; bottom: 12px; background: #fff; border: 1px solid #bbb; border-radius: 6px;
-          padding: 8px 10px; font-size: 12px; max-width: 360px; box-shadow: 0 2px 8px rgba(0,0,0,.15); }
-#detail table { border-collapse: collapse; } #detail td { padding: 1px 6px; } #detail td:first-child { color: #555; }
+.detail { display: grid; grid-template-columns: repeat(4, auto); gap: 1px 10px; justify-content: start;
+          font-size: 12px; background: #f4f7fb; border: 1px solid #dde4ee; border-radius: 4px; padding: 6px 8px;
+          margin-bottom: 4px; min-height: 16px; }
+.detail .k { color: #666; } .detail .v { font-family: ui-monospace, monospace; }
 """
 
 SCRIPT = r"""
@@ -161,13 +164,17 @@ function figures(run, s, t) {
           ['projected ratio pi*/q', fmt(s.ratio_proj[t])],
           ['PPO-clip (' + run.clip_low + '/' + run.clip_high + ') cuts it', s.clipped[t] ? 'yes' : 'no']];
 }
-function show(run, s, t, el) {
-  document.querySelectorAll('.tok.sel').forEach(e => e.classList.remove('sel'));
+function show(run, s, t, el) {  // the token's figures in its run's box
+  const sec = el.closest('.run');
+  sec.querySelectorAll('.tok.sel').forEach(e => e.classList.remove('sel'));
   el.classList.add('sel');
-  const rows = figures(run, s, t).map(([k, v]) => '<tr><td>' + k + '</td><td></td></tr>');
-  const d = document.getElementById('detail');
-  d.innerHTML = '<table>' + rows.join('') + '</table>';
-  d.querySelectorAll('td:nth-child(2)').forEach((td, i) => { td.textContent = figures(run, s, t)[i][1]; });
+  const box = sec.querySelector('.detail');
+  box.textContent = '';
+  figures(run, s, t).filter(([k]) => k !== 'run' && k !== 'step').forEach(([k, v]) => {
+    const a = document.createElement('span'); a.className = 'k'; a.textContent = k;
+    const b = document.createElement('span'); b.className = 'v'; b.textContent = v;
+    box.appendChild(a); box.appendChild(b);
+  });
 }
 function render() {
   const main = document.getElementById('runs');
@@ -185,8 +192,10 @@ function render() {
       b.textContent = v; st.appendChild(b);
     });
     sec.appendChild(st);
+    const box = document.createElement('div'); box.className = 'detail';
+    box.textContent = 'click a token for its figures'; sec.appendChild(box);
     run.samples.forEach(s => {
-      const div = document.createElement('div'); div.className = 'sample';
+      const div = document.createElement('div'); div.className = 'sample'; div.dataset.index = s.index;
       const head = document.createElement('div'); head.className = 'shead';
       head.textContent = 'sample ' + s.index + ' · advantage ' + fmt(s.adv) + ' · reward ' + fmt(s.reward) + ' · ';
       const pr = document.createElement('span'); pr.className = 'prompt'; pr.textContent = s.prompt;
@@ -226,6 +235,12 @@ sel.value = DATA.colour;
 sel.addEventListener('change', paint);
 render();
 paint();
+// #pin=RUN.SAMPLE.TOKEN[,RUN.SAMPLE.TOKEN]: those tokens' figures shown, as if clicked
+location.hash.replace(/^#pin=/, '').split(',').forEach(p => {
+  const pin = /^(\d+)\.(\d+)\.(\d+)$/.exec(p), sec = pin && document.querySelectorAll('.run')[+pin[1]];
+  const span = sec && sec.querySelector('.sample[data-index="' + pin[2] + '"] .tok[data-t="' + pin[3] + '"]');
+  if (span) show(span._v[0], span._v[1], span._v[2], span);
+});
 document.body.dataset.ready = '1';
 """
 
@@ -252,7 +267,6 @@ def page(runs: list[tuple[str, dict, dict]], colour: str = "kl") -> str:
 <span id="legend"><span class="bar"></span><span id="note"></span></span>
 <span style="font-size:12px;color:#555">hover a token for its figures, click to pin them</span></div></header>
 <main id="runs"></main>
-<div id="detail">click a token for its figures</div>
 <script type="application/json" id="data">{blob}</script>
 <script>{SCRIPT}</script>
 </body></html>
