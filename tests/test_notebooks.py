@@ -29,6 +29,7 @@ EXPECTED = [
     "05_the_objective.ipynb",
     "06_end_to_end.ipynb",
     "07_rare_tokens.ipynb",
+    "08_token_by_token.ipynb",
 ]
 DRAWS = ("plt.show()", "display(Image(")  # a cell that draws a figure with either carries an image/png output
 

@@ -187,6 +187,8 @@ class Config:
     eval_size: int = opt(1000, "held-out problems per evaluation (0 = the whole test split)")
     save_every: int = opt(25, "RL steps between checkpoints")
     samples_to_log: int = opt(4, "completions written to samples.jsonl per evaluation")
+    records_samples: int = opt(4, "per-token records (tokens.jsonl, troll.records) of this many samples (0: none)")
+    records_every: int = opt(0, "RL steps between per-token records (0: at the evaluated steps)")
     kl_update_vocab: int = opt(0, "diagnostics: exact KL(new || old) over V after each step if V <= this (0: off)")
     log_to: str = opt("none", "also log to tensorboard (<out>/tensorboard) or wandb", ("none", "tensorboard", "wandb"))
     seed: int = opt(0, "seeds the model, the prompts and the sampler")
@@ -362,10 +364,15 @@ NOT_SETTINGS = ("out", "resume")  # where and how a run is started, not what it 
 ADDED = {"vocab_size": 0, "lora_rank": 0, "lora_alpha": 32.0, "lora_targets": "all-linear", "dppo_cap": 2.0}
 
 
+# Fields that change nothing the run computes (troll.records only watches it): a config without them takes today's
+# defaults, and compares equal to the same run made now
+OBSERVING = {"records_samples": 4, "records_every": 0}
+
+
 def with_added(fields: dict[str, Any]) -> dict[str, Any]:
     """`fields` (a saved config or results row's) with each field of ADDED it lacks at the value it ran with."""
     added = ADDED if fields.get("loss") == "dppo" else ADDED | {"dppo_cap": DPPO_CAP}
-    return added | fields
+    return added | OBSERVING | fields
 
 
 def settings(fields: dict[str, Any]) -> dict[str, Any]:
@@ -377,7 +384,7 @@ def settings(fields: dict[str, Any]) -> dict[str, Any]:
 # What may differ when a run is resumed (troll.harness applies and records it); every other field is the run's.
 RESUME_CHANGEABLE = (
     "steps", "lr", "eval_every", "save_every", "samples_to_log", "log_to", "micro_batch_tokens",
-    "grad_checkpointing", "kl_update_vocab", "device", "backend", "vllm_gpu_memory",
+    "grad_checkpointing", "kl_update_vocab", "device", "backend", "vllm_gpu_memory", "records_samples", "records_every",
 )  # fmt: skip
 
 
@@ -420,7 +427,7 @@ def check(cfg: Config) -> list[str]:
     need(1 <= cfg.dppo_cap < math.inf, f"dppo_cap must be >= 1 and finite, got {cfg.dppo_cap}")
     need(0 < cfg.vllm_gpu_memory <= 1, f"vllm_gpu_memory must be in (0, 1], got {cfg.vllm_gpu_memory}")
     zero_ok = "micro_batch_tokens logits_chunk warmup_steps sft_steps eval_size samples_to_log kl_update_vocab seed"
-    zero_ok += " staleness vocab_size lora_rank"
+    zero_ok += " staleness vocab_size lora_rank records_samples records_every"
     for name in (f.name for f in fields(cfg) if types[f.name] is int):  # counts: >= 1, or >= 0 where 0 is allowed
         low = 0 if name in zero_ok.split() else 1
         need(getattr(cfg, name) >= low, f"{name} must be >= {low}, got {getattr(cfg, name)}")

@@ -67,7 +67,7 @@ from troll.cli import UsageError
 from troll.config import RESUME_CHANGEABLE, Config, settings
 from troll.metrics import Logger, logger_missing
 
-RUN_FILES = ("config.json", "metrics.jsonl", "samples.jsonl", "summary.json", "checkpoints", "base")
+RUN_FILES = ("config.json", "metrics.jsonl", "samples.jsonl", "tokens.jsonl", "summary.json", "checkpoints", "base")
 # what a start that failed before its first checkpoint may leave besides RUN_FILES (troll.train, troll.checkpoint)
 START_FILES = (".tmp-base", "engine-init", "tensorboard")
 # packages whose exceptions during start-up are about the user's model, files or settings (`starting`)
@@ -177,6 +177,7 @@ class Run:
         self.device = device_of(cfg)
         self.t_start = time.time() - (state or {}).get("wall_clock_s", 0.0)
         self.metrics, self.samples = self.out / "metrics.jsonl", self.out / "samples.jsonl"
+        self.tokens = self.out / "tokens.jsonl"  # per-token records (troll.records)
         self.logger: Logger | None = None
         self.bar: Any = None
 
@@ -277,7 +278,7 @@ class Run:
     def begin(self, acc: float, records: list[dict], extra: dict, model: Any, tokenizer: Any, opt: Any, sched: Any):
         """A new run: the evaluation before RL (step 0), the state with `extra` (warm-start record, dropped
         prompts), and the step-0 checkpoint."""
-        for path in (self.metrics, self.samples):
+        for path in (self.metrics, self.samples, self.tokens):
             path.write_text("")
         self.state = {"step": 0, "eval_before": acc, "eval_after": acc, "eval_best": acc, "eval_best_step": 0}
         self.state |= {"skipped_steps": 0, "changes": [], "pending": [], **extra}  # pending: batches sampled ahead
@@ -294,7 +295,7 @@ class Run:
         for group, factor in zip(opt.param_groups, sched.lr_lambdas, strict=True):
             group["lr"], group["initial_lr"] = self.cfg.lr * factor(sched.last_epoch), self.cfg.lr
         sched._last_lr = [g["lr"] for g in opt.param_groups]
-        for path in (self.metrics, self.samples):
+        for path in (self.metrics, self.samples, self.tokens):
             truncate_jsonl(path, self.state["step"])
         self._open_logger()
 
@@ -318,8 +319,12 @@ class Run:
         tokenizer: Any,
         opt: Any,
         sched: Any,
+        tokens: dict | None = None,
     ) -> None:
-        """Log step `step`'s metrics row and its evaluation (if any); checkpoint when due."""
+        """Log step `step`'s metrics row, its evaluation (if any) and its per-token records (if any); checkpoint
+        when due."""
+        if tokens is not None:
+            append_jsonl(self.tokens, [tokens])
         s = self.state
         s["step"], s["skipped_steps"] = step + 1, s["skipped_steps"] + row["skipped"]
         rows, samples = [row], []

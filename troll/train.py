@@ -57,6 +57,7 @@ from troll.losses import LOSSES
 from troll.metrics import merge
 from troll.padding import check_vocab
 from troll.policy import adapt, build_model, rollout_logits
+from troll.records import Recorder, due
 from troll.rollout import Batch, Generator, HFGenerator, Rollouts
 from troll.sparse import SparseDist, cat_rows, sparsify, sparsify_topk
 from troll.task import Task, decode_rollouts, encode, evaluate, load_task
@@ -226,11 +227,13 @@ def rl_step(
     pending: list[Batch] | None = None,
     loss_fn: LossFn | None = None,
     probe: UpdateKL | None = None,
+    recorder: Recorder | None = None,
 ) -> dict:
     """One RL step (module docstring); returns its metrics row (troll.diagnostics.step_row). `pending` holds the
     batches sampled ahead of training (--staleness k: step s trains on batch s, sampled k steps earlier, by the
     weights of then). `loss_fn` (default LOSSES[cfg.loss]) is a seam for another loss or a timed one (bench/step.py);
-    `probe` measures the step's exact update KL (troll.diagnostics)."""
+    `probe` measures the step's exact update KL (troll.diagnostics); `recorder` writes down a few samples' tokens as
+    the loss sees them (troll.records)."""
     timer = StepTimer()  # the phases' wall-clock seconds, for the row
     pending = [] if pending is None else pending
     fresh = []
@@ -246,7 +249,11 @@ def rl_step(
         if probe:
             probe.before(model, batch.ro)
         minibatches = minibatches_of(cfg, batch)
-        metrics, skipped = update(cfg, model, opt, sched, batch, old, minibatches, loss_fn or LOSSES[cfg.loss])
+        loss = loss_fn or LOSSES[cfg.loss]
+        loss = recorder.watch(loss, batch, minibatches) if recorder else loss
+        metrics, skipped = update(cfg, model, opt, sched, batch, old, minibatches, loss)
+        if recorder:
+            recorder.after(model, batch)
     with timer("kl_update"):
         metrics |= probe.after(model, batch.ro) if probe else {}
     with timer("sync"):
@@ -329,9 +336,10 @@ def train(
         probe = UpdateKL(cfg, len(tokenizer)) if len(tokenizer) <= cfg.kl_update_vocab else None
         for step in run.steps():
             pending = run.state["pending"]
-            row = rl_step(cfg, step, model, tokenizer, generator, opt, sched, task, pending, loss_fn, probe)
+            recorder = Recorder(cfg, tokenizer, step) if due(cfg, step) else None  # per-token records: troll.records
+            row = rl_step(cfg, step, model, tokenizer, generator, opt, sched, task, pending, loss_fn, probe, recorder)
             evaluation = evaluate(generator, tokenizer, task, cfg.max_new_tokens) if run.eval_due(step) else None
-            run.record(step, row, evaluation, model, tokenizer, opt, sched)
+            run.record(step, row, evaluation, model, tokenizer, opt, sched, recorder.row() if recorder else None)
         return run.finish(len(task.test))
 
 

@@ -1,0 +1,218 @@
+"""Per-token records (troll.records): the figures as the update saw them, checked against an independent dense
+float64 computation; which samples and steps are recorded; the row's size bound; the reader's one-line refusals."""
+
+from __future__ import annotations
+
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from troll import records
+from troll.cli import UsageError
+from troll.losses import LOSSES
+from troll.rollout import Batch, Rollouts
+from troll.sparse import sparsify
+
+f64 = torch.float64
+B, T, V = 6, 4, 7
+
+
+class Tokenizer:
+    """Decodes id i as a letter, so a token's text names its id."""
+
+    def decode(self, ids):
+        return "".join(chr(ord("a") + i % 26) for i in ids)
+
+    def __len__(self):
+        return V
+
+
+def cfg_of(**kw):
+    base = dict(records_samples=4, records_every=0, eval_every=5, steps=12, micro_batch_tokens=2 * (2 + T),
+                support="rest", k=V, delta=0.0, eps=0.05, level="token", clip_low=0.2, clip_high=0.28,
+                loss="troll", logits_chunk=0, bf16=False, max_new_tokens=T)  # fmt: skip
+    return SimpleNamespace(**(base | kw))
+
+
+def batch_of(seed=0):
+    """B samples of T tokens (the last two shorter), a q from other logits, advantages of both signs."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor([4, 4, 3, 4, 2, 4])
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    tokens = torch.randint(V, (B, T), generator=g)
+    q_logits = torch.randn(B, T, V, generator=g, dtype=f64)
+    ro = Rollouts(
+        prompt_ids=[[1, 2]] * B, completion_ids=tokens, completion_mask=mask, logprobs=torch.zeros(B, T),
+        top_idx=None, top_logp=None, finished=torch.ones(B, dtype=torch.bool), group=torch.zeros(B, dtype=torch.long),
+        temperature=1.0,
+    )  # fmt: skip
+    adv = torch.tensor([1.5, -0.7, 0.9, -1.2, 0.0, 2.0], dtype=torch.float32)
+    return Batch(ro, (adv > 0).float(), adv, torch.Generator().get_state(), 0.0, 0.0), q_logits
+
+
+def dense_projected_ratio(lp: torch.Tensor, lq: torch.Tensor, y: int, eps: float) -> float:
+    """pi*(y) / q(y) by bisection on t of the geometric path pi_t ~ q^(1 - t) p^t (float64, no troll code)."""
+
+    def path(t):
+        s = lq + t * (lp - lq)
+        return s - torch.logsumexp(s, -1)
+
+    def kl(t):
+        lpi = path(t)
+        return float((lpi.exp() * (lpi - lq)).sum())
+
+    if kl(1.0) <= eps:
+        return math.exp(float(lp[y] - lq[y]))
+    lo, hi = 0.0, 1.0
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if kl(mid) <= eps else (lo, mid)
+    return math.exp(float(path(lo)[y] - lq[y]))
+
+
+def close(got, want, rel=1.2e-3, abs_=1e-12):
+    return got is not None and abs(got - want) <= rel * abs(want) + abs_
+
+
+@pytest.mark.parametrize("loss", ["troll", "ppo_clip", "cispo"])
+def test_records_match_a_dense_float64_computation_and_leave_the_loss_alone(loss):
+    cfg = cfg_of(loss=loss)
+    batch, q_logits = batch_of()
+    ro = batch.ro
+    old = sparsify(q_logits.reshape(-1, V), ro.completion_ids.reshape(-1), k=V, delta=0.0)  # q exact: K = V
+    scale = torch.tensor([0.05, 1.5, 0.1, 2.0], dtype=f64)[:, None]  # some positions move little, some a lot
+    p_logits = q_logits + scale * torch.randn(B, T, V, generator=torch.Generator().manual_seed(1), dtype=f64)
+    minibatches = [torch.tensor([3, 0, 5]), torch.tensor([1, 4, 2])]  # two optimiser steps, two calls each
+    rec = records.Recorder(cfg, Tokenizer(), step=4)
+    wrapped = rec.watch(LOSSES[loss], batch, minibatches)
+    kwargs = {"support": "rest", "k": V, "delta": 0.0} | ({"eps": 0.05} if loss == "troll" else {})
+    for mb in minibatches:
+        for rows in ro.micro_batches(cfg.micro_batch_tokens, mb):
+            args = (p_logits[rows], ro.completion_ids[rows], ro.completion_mask[rows], batch.adv[rows],
+                    old.samples(rows, T))  # fmt: skip
+            got, _ = wrapped(*args, **kwargs)
+            want, _ = LOSSES[loss](*args, **kwargs)
+            assert torch.equal(got, want)  # the wrapper passes the loss through untouched
+    row = rec.row()
+    assert row["step"] == 5 and row["loss"] == loss and (row["clip_low"], row["clip_high"]) == (0.2, 0.28)
+    picked = [s["index"] for s in row["samples"]]
+    assert picked == records.pick(batch.adv, 4) == [0, 1, 3, 5]
+    seen = {"projected": 0, "inside": 0, "clipped": 0}
+    for s in row["samples"]:
+        i, a = s["index"], float(batch.adv[s["index"]])
+        n = int(ro.completion_mask[i].sum())
+        assert len(s["text"]) == n and s["adv"] == pytest.approx(a, rel=1e-3)
+        assert s["p_after"] == [None] * n  # `after` not called: unknown, not made up
+        for t in range(n):
+            y = int(ro.completion_ids[i, t])
+            lp, lq = torch.log_softmax(p_logits[i, t], -1), torch.log_softmax(q_logits[i, t], -1)
+            kl = float((lp.exp() * (lp - lq)).sum())
+            r = math.exp(float(lp[y] - lq[y]))
+            assert s["text"][t] == chr(ord("a") + y)
+            assert close(s["q"][t], math.exp(float(lq[y]))) and close(s["p"][t], math.exp(float(lp[y])))
+            assert close(s["kl"][t], kl) and s["projected"][t] == int(kl > 0.05)
+            assert close(s["ratio"][t], r)
+            assert close(s["ratio_proj"][t], dense_projected_ratio(lp, lq, y, 0.05))
+            assert s["clipped"][t] == int((a > 0 and r > 1.28) or (a < 0 and r < 0.8))
+            seen["projected" if kl > 0.05 else "inside"] += 1
+            seen["clipped"] += s["clipped"][t]
+    assert all(seen.values()), seen  # the case covers projected, inside and clipped tokens
+
+
+def test_a_sample_trained_twice_is_recorded_as_its_last_pass_saw_it():
+    """With two epochs the p recorded is the second pass's (the network the last update of that sample saw)."""
+    cfg = cfg_of(records_samples=2)
+    batch, q_logits = batch_of()
+    ro = batch.ro
+    old = sparsify(q_logits.reshape(-1, V), ro.completion_ids.reshape(-1), k=V, delta=0.0)
+    everything = torch.arange(B)
+    rec = records.Recorder(cfg, Tokenizer(), step=0)
+    wrapped = rec.watch(LOSSES["troll"], batch, [everything, everything])
+    shift = 0.0
+    for _ in range(2):
+        for rows in ro.micro_batches(cfg.micro_batch_tokens, everything):
+            logits = q_logits[rows] + shift
+            logits[..., 0] += 3.0 * (shift > 0)  # the second pass moves mass onto token 0
+            wrapped(logits, ro.completion_ids[rows], ro.completion_mask[rows], batch.adv[rows], old.samples(rows, T))
+        shift = 1.0
+    for s in rec.row()["samples"]:
+        y = int(ro.completion_ids[s["index"], 0])
+        logits = q_logits[s["index"], 0].clone()
+        logits[0] += 3.0
+        assert close(s["p"][0], float(torch.softmax(logits, -1)[y]))
+
+
+def test_sequence_level_clip_reads_the_responses_ratio():
+    """Under --level sequence PPO-clip clips GSPO's sequence ratio: every token of a response is cut or none."""
+    cfg = cfg_of(level="sequence", clip_low=3e-4, clip_high=4e-4, records_samples=6)
+    batch, q_logits = batch_of()
+    ro = batch.ro
+    old = sparsify(q_logits.reshape(-1, V), ro.completion_ids.reshape(-1), k=V, delta=0.0)
+    p_logits = q_logits + torch.randn(B, T, V, generator=torch.Generator().manual_seed(2), dtype=f64)
+    rec = records.Recorder(cfg, Tokenizer(), step=0)
+    wrapped = rec.watch(LOSSES["ppo_clip"], batch, [torch.arange(B)])
+    for rows in ro.micro_batches(cfg.micro_batch_tokens, torch.arange(B)):
+        wrapped(p_logits[rows], ro.completion_ids[rows], ro.completion_mask[rows], batch.adv[rows],
+                old.samples(rows, T), level="sequence")  # fmt: skip
+    for s in rec.row()["samples"]:
+        a = float(batch.adv[s["index"]])
+        seq = math.exp(sum(math.log(r) for r in s["ratio"]) / len(s["ratio"]))
+        want = int((a > 0 and seq > 1 + 4e-4) or (a < 0 and seq < 1 - 3e-4))
+        assert s["clipped"] == [want] * len(s["ratio"])
+
+
+def test_which_samples_and_steps_are_recorded():
+    adv = torch.tensor([0.0, 2.0, -1.0, 2.0, -1.0, 0.5])
+    assert records.pick(adv, 4) == [1, 2, 3, 4]  # the two highest, the two lowest, ties to the lower index
+    assert records.pick(adv, 3) == [1, 2, 3] and records.pick(adv, 1) == [1] and records.pick(adv, 99) == list(range(6))
+    cfg = cfg_of(eval_every=5, steps=12)
+    assert [s for s in range(12) if records.due(cfg, s)] == [4, 9, 11]  # the evaluated steps, the last included
+    assert [s for s in range(12) if records.due(cfg_of(records_every=3, steps=12), s)] == [2, 5, 8, 11]
+    assert not any(records.due(cfg_of(records_samples=0), s) for s in range(12))
+
+
+def test_a_row_stays_within_its_byte_bound():
+    cfg = cfg_of(max_new_tokens=3, records_samples=2)
+    worst = -1.234e-100
+    sample = {"index": 10**6, "adv": worst, "reward": worst, "prompt": "\u2603" * records.PROMPT_CHARS}
+    sample |= {"text": ["\u2603" * records.TEXT_CHARS] * 3, "projected": [1] * 3, "clipped": [1] * 3}
+    sample |= {k: [worst] * 3 for k in ("q", "p", "p_after", "kl", "ratio", "ratio_proj")}
+    row = {"step": 10**6, "loss": "ppo_clip", "eps": worst, "clip_low": worst, "clip_high": worst,
+           "level": "sequence", "samples": [sample] * 2}  # fmt: skip
+    assert len((json.dumps(row) + "\n").encode()) <= records.row_bytes_bound(cfg)
+    assert records.fig(1 / 3) == 0.3333 and records.fig(float("nan")) is None and records.fig(math.inf) is None
+
+
+def good_row(step=1):
+    sample = {"index": 0, "adv": 1.0, "reward": 1.0, "prompt": "1+2=", "text": ["3", "#"], "q": [0.5, 0.01],
+              "p": [0.5, 0.02], "p_after": [0.6, 0.03], "kl": [0.0, 0.07], "projected": [0, 1], "ratio": [1.0, 2.0],
+              "ratio_proj": [1.0, 1.5], "clipped": [0, 1]}  # fmt: skip
+    return {"step": step, "loss": "troll", "eps": 0.05, "clip_low": 0.2, "clip_high": 0.2, "level": "token",
+            "samples": [sample]}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "content, says",
+    [
+        (None, "does not exist"),
+        ("", "holds no records yet"),
+        ("{not json\n" + json.dumps(good_row()) + "\n", "not valid JSON"),
+        (json.dumps({"step": 1}) + "\n", "lacks"),
+        (json.dumps(good_row() | {"samples": [good_row()["samples"][0] | {"q": [0.5]}]}) + "\n", "one length"),
+        (json.dumps(good_row() | {"samples": [good_row()["samples"][0] | {"kl": ["x", 1]}]}) + "\n", "not a number"),
+    ],
+)
+def test_missing_or_damaged_records_are_one_usage_error_naming_the_file(tmp_path, content, says):
+    if content is not None:
+        (tmp_path / records.FILE).write_text(content)
+    with pytest.raises(UsageError, match=says) as e:
+        records.read(tmp_path)
+    assert str(tmp_path / records.FILE) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_torn_last_line_is_skipped_as_resume_drops_it(tmp_path):
+    (tmp_path / records.FILE).write_text(json.dumps(good_row(1)) + "\n" + json.dumps(good_row(2))[:50])
+    assert [r["step"] for r in records.read(tmp_path)] == [1]
