@@ -16,7 +16,7 @@ from test_commands import BENCHES, ROOT
 from troll.cli import Parser
 
 COMMANDS = [
-    *(f"troll.{name}" for name in ("train", "check", "evaluate", "export", "plot")),
+    *(f"troll.{name}" for name in ("train", "check", "evaluate", "export", "plot", "inspect")),
     *(f"study.{name}" for name in ("run", "offpolicy", "bandit", "figures")),
     *(f"bench.{name}" for name in BENCHES),
 ]

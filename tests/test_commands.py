@@ -279,7 +279,7 @@ BENCHES = sorted(p.stem for p in (ROOT / "bench").glob("[!_]*.py"))
 
 
 def test_every_bench_script_is_listed():
-    assert BENCHES == ["projection", "real_shapes", "rollout", "sparse_models", "step", "trl_compare"]
+    assert BENCHES == ["projection", "real_shapes", "records", "rollout", "sparse_models", "step", "trl_compare"]
 
 
 @pytest.mark.slow

@@ -90,6 +90,7 @@ COMMANDS = {
         ),
         Command("troll.export"),
         Command("troll.plot"),
+        Command("troll.inspect"),
         Command("troll.check", stop=("cfg, arch, model_note, data_note = prepare(args, out)",)),
         Command(
             "study.run",
@@ -112,6 +113,13 @@ COMMANDS = {
         Command("study.figures"),
         Command("bench.projection", stop=("args = make_batch(a.n",)),
         Command("bench.real_shapes", stop=("results.append(run_child(spec))",)),
+        Command(
+            "bench.records",
+            base=("--repeats", "1", "--warmup", "0", "--sft_steps", "0"),
+            stop=("model, tokenizer = build_model(cfg, torch.device(\"cpu\"))",),
+            bounded=RUN_LENGTHS,
+            also="troll.train",
+        ),
         Command("bench.rollout", stop=("tok = train_tokenizer(corpus(20000)",)),
         Command("bench.sparse_models", stop=("tok = train_tokenizer(addition.corpus()",)),
         Command(
