@@ -30,13 +30,16 @@ Choices:
   output layer, applied in chunks of that many rows by the losses (each chunk's logits recomputed in backward),
   so no [B, T, V] tensor exists for the micro-batch. The LM head must be a plain linear layer on the decoder's
   last hidden state (Llama, Qwen2, Qwen3: checked; logit soft-capping or scaling raises).
+- `build_model` names what it cannot load (a UsageError: the file, and what to do): a damaged file of a local
+  model, checkpoint or `<out>/base` folder (troll.checkpoint.damaged_file, then the loader's own error), a LoRA
+  run's missing base, adapters PEFT refuses.
 - `build_model` returns train mode (`from_pretrained` returns eval mode, in which gradient checkpointing does
   nothing) in float32; bf16 is autocast by the trainer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +47,8 @@ import torch
 from torch import Tensor
 
 from troll import lora
+from troll.checkpoint import damage_remedy, damaged_file
+from troll.cli import UsageError
 from troll.head import LMHead, Logits
 from troll.padding import left_pad, mask_padded_vocab
 
@@ -65,7 +70,10 @@ def build_model(cfg: Config, device: torch.device, path: str | Path | None = Non
 
     adapters = path if path is not None and lora.is_adapter_checkpoint(path) else None
     if adapters:  # a checkpoint's adapters on the run's base, which sits two folders up (troll.checkpoint)
-        path = lora.base_source(cfg, Path(adapters).parent.parent)
+        try:
+            path = lora.base_source(cfg, Path(adapters).parent.parent)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
     if path is None and cfg.model == "tiny":
         from troll import addition
         from troll.tiny import pad_vocab, tiny_llama, train_tokenizer
@@ -78,14 +86,33 @@ def build_model(cfg: Config, device: torch.device, path: str | Path | None = Non
         model = tiny_llama(tokenizer, **TINY, seed=cfg.seed)
     else:
         src = path or cfg.model
-        tokenizer = AutoTokenizer.from_pretrained(adapters or src)
-        model = AutoModelForCausalLM.from_pretrained(src, dtype=base_dtype(cfg))
+        tokenizer = load(AutoTokenizer.from_pretrained, adapters or src)
+        model = load(lambda s: AutoModelForCausalLM.from_pretrained(s, dtype=base_dtype(cfg)), src)
     if cfg.grad_checkpointing:
         model.gradient_checkpointing_enable()
     if adapters:
-        model = lora.load_adapters(model, adapters)
+        model = load(lambda a: lora.load_adapters(model, a), adapters)
     model.train()
     return model.to(device), tokenizer
+
+
+def load(loader: Callable[[str], Any], source: str | Path) -> Any:
+    """`loader(source)`; for a local folder, its damaged files (troll.checkpoint.damaged_file) and the loader's
+    failure are a UsageError naming the file or folder and what to do (troll.checkpoint.damage_remedy). A hub
+    name's failures pass."""
+    folder = Path(source)
+    if not folder.is_dir():
+        return loader(str(source))
+    problem = damaged_file(folder)
+    if problem:
+        raise UsageError(f"{problem}: {damage_remedy(folder)}")
+    try:
+        return loader(str(source))
+    except ImportError:
+        raise
+    except Exception as e:  # transformers, tokenizers, safetensors and PEFT raise many types on a file they refuse
+        first = (str(e).splitlines() or [""])[0][:200]
+        raise UsageError(f"{folder} cannot be loaded ({type(e).__name__}: {first}): {damage_remedy(folder)}") from None
 
 
 def base_dtype(cfg: Config) -> torch.dtype:
