@@ -171,6 +171,7 @@ SafetensorError.__module__ = "safetensors._safetensors_rust"
         (os_error(errno.EEXIST, "/r/out", FileExistsError), ["/r/out already exists", "another path"]),
         (os_error(errno.EIO, "/r/trainer.pt"), ["/r/trainer.pt", "Input/output error", "EIO"]),
         (OSError(errno.EXDEV, "Invalid cross-device link", "/a", None, "/b"), ["/a -> /b", "EXDEV"]),
+        (FileNotFoundError("GSM8K source x does not exist (and is not a hub name)"), ["GSM8K source x does not exist"]),
         (ImportError("no module named peft: pip install peft", name="peft"), ["pip install peft", "missing package"]),
         (json.JSONDecodeError("Expecting value", "{", 0), ["damaged", "JSONDecodeError", "restore it"]),
         (UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"), ["damaged", "UnicodeDecodeError"]),

@@ -11,8 +11,9 @@
 - A checkpoint is written to a temporary folder and renamed into place, then `latest` is replaced (write, then
   rename): a crash during a save never damages the last good checkpoint. The last two are kept.
 - `complete_checkpoints` lists the checkpoints newest first (`latest` first); `check_checkpoint` names the first
-  damaged or missing file of one (a truncated trainer.pt or safetensors file, missing tokenizer files), so resume
-  can fall back to the older one and say why. `damaged_file` names the first file of a model or checkpoint folder
+  damaged or missing file of one (a truncated trainer.pt or safetensors file, missing tokenizer files), and
+  `load_trainer_state` refuses NaN in trainer.pt's tensors (what garbled bytes there load as), so resume can fall
+  back to the older one and say why. `damaged_file` names the first file of a model or checkpoint folder
   that cannot be read (a JSON file that is not UTF-8 JSON, a safetensors file whose header does not parse or that is
   truncated, a folder where a file belongs), so a loader's failure names the file, not only the folder.
 - JSON files are written through a temporary file and a rename (`write_json`, `rewrite_jsonl`). JSONL logs are
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "adapter_model.safetensors")
-TOKENIZER = ("tokenizer.json", "tokenizer_config.json")
+TOKENIZER = ("tokenizer.json", "tokenizer.model", "vocab.json")  # the vocabulary, beside tokenizer_config.json
 
 
 def save_checkpoint(out: Path, model: Any, tokenizer: Any, opt: Any, sched: Any, state: dict) -> Path:
@@ -76,7 +77,9 @@ def check_checkpoint(ckpt: Path) -> str | None:
     if not any((ckpt / f).is_file() for f in WEIGHTS):
         return f"{ckpt}: no model weights ({' or '.join(WEIGHTS)})"
     if not any((ckpt / f).is_file() for f in TOKENIZER):
-        return f"{ckpt}: no tokenizer files ({' or '.join(TOKENIZER)})"
+        return f"{ckpt}: no tokenizer vocabulary ({' or '.join(TOKENIZER)})"
+    if not (ckpt / "tokenizer_config.json").is_file():  # its special tokens: without it the tokenizer has no EOS
+        return f"{ckpt}: tokenizer_config.json is missing"
     return damaged_file(ckpt)
 
 
@@ -135,7 +138,19 @@ def load_trainer_state(ckpt: Path) -> dict:
     state = torch.load(ckpt / "trainer.pt", weights_only=False)
     if not isinstance(state, dict):
         raise ValueError(f"it holds a {type(state).__name__}, not the trainer's state")
+    if where := _nonfinite(state):  # garbled tensor bytes load without complaint; NaN would end the run later
+        raise ValueError(f"its {where} holds NaN or infinite values (damaged bytes)")
     return state
+
+
+def _nonfinite(obj: Any, where: str = "state") -> str | None:
+    """Where in a nest of dicts, lists and tensors (an optimiser's state) a float tensor holds NaN or inf."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return where if obj.is_floating_point() and not bool(torch.isfinite(obj).all()) else None
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple)) else ()
+    return next((w for k, v in items if (w := _nonfinite(v, f"{where}[{k!r}]"))), None)
 
 
 def checkpoint_settings(out: Path) -> tuple[Path, dict] | None:

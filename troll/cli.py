@@ -100,6 +100,8 @@ def expected(e: BaseException, resume: str | None = None) -> str | None:
 
 def os_error(e: OSError, resume: str | None = None) -> str:
     """An OSError's one line: the file it names (`filename`, and `filename2` for a rename) and what to do."""
+    if e.errno is None:  # raised with a message of its own (troll's, a library's): it says what to do
+        return str(e)
     names = [str(n) for n in (e.filename, e.filename2) if n is not None]
     name = " -> ".join(names) if names else "a file"
     reason = e.strerror or str(e)

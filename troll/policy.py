@@ -47,7 +47,7 @@ import torch
 from torch import Tensor
 
 from troll import lora
-from troll.checkpoint import damage_remedy, damaged_file
+from troll.checkpoint import WEIGHTS, damage_remedy, damaged_file
 from troll.cli import UsageError
 from troll.head import LMHead, Logits
 from troll.padding import left_pad, mask_padded_vocab
@@ -107,12 +107,34 @@ def load(loader: Callable[[str], Any], source: str | Path) -> Any:
     if problem:
         raise UsageError(f"{problem}: {damage_remedy(folder)}")
     try:
-        return loader(str(source))
+        loaded = loader(str(source))
     except ImportError:
         raise
     except Exception as e:  # transformers, tokenizers, safetensors and PEFT raise many types on a file they refuse
         first = (str(e).splitlines() or [""])[0][:200]
         raise UsageError(f"{folder} cannot be loaded ({type(e).__name__}: {first}): {damage_remedy(folder)}") from None
+    if problem := loaded_problem(loaded, folder):
+        raise UsageError(f"{problem}: {damage_remedy(folder)}")
+    return loaded
+
+
+def loaded_problem(loaded: Any, folder: Path) -> str | None:
+    """What a whole-looking folder loaded as and must not be: a tokenizer without an EOS token (its
+    tokenizer_config.json lost), weights with NaN or inf (garbled bytes load without complaint), named by file."""
+    if hasattr(loaded, "eos_token_id") and not hasattr(loaded, "parameters") and loaded.eos_token_id is None:
+        return f"{folder / 'tokenizer_config.json'} is missing or damaged: the tokenizer has no EOS token"
+    if not isinstance(loaded, torch.nn.Module):
+        return None
+    lora_only = lora.is_adapter_checkpoint(folder)  # the adapters were loaded onto a base checked before
+    with torch.no_grad():
+        bad = next(
+            (n for n, p in loaded.named_parameters() if (not lora_only or "lora_" in n) and not p.isfinite().all()),
+            None,
+        )
+    if bad is None:
+        return None
+    files = [f for f in ("adapter_model.safetensors", *WEIGHTS) if (folder / f).is_file()]
+    return f"{folder / files[0] if files else folder} holds NaN or infinite weights ({bad}): damaged bytes"
 
 
 def base_dtype(cfg: Config) -> torch.dtype:
