@@ -20,6 +20,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import runpy
 import shutil
 import stat
@@ -284,9 +285,9 @@ def kept(before: dict[Path, dict[str, bytes]]) -> str | None:
     return None
 
 
-def run_case(pristine: Path, artifact: str, command: str, damage: str, rel: Path, tmp: Path) -> str | None:
-    """One case on a copy of the artifact: the breach of the invariant, or None."""
-    work = tmp / f"{artifact}-{command}-{damage}-{'_'.join(rel.parts)}"
+def run_case(pristine: Path, artifact: str, command: str, damage: str, rel: Path, work: Path) -> str | None:
+    """One case on a copy of the artifact in folder `work` (whose name must not name the file, which the error line
+    must): the breach of the invariant, or None."""
     root = work / pristine.name
     shutil.copytree(pristine, root)
     DAMAGES[damage](root / rel)
@@ -294,6 +295,7 @@ def run_case(pristine: Path, artifact: str, command: str, damage: str, rel: Path
     cmd = COMMANDS[command]
     result = invoke(cmd.module, *cmd.argv(root, rel, work))
     where = f"{command} after {rel} {damage}"
+    print(f"{artifact} {where}: exit {result.status}: {(result.err.strip().splitlines() or [''])[-1]}")  # pytest -s
     if result.status is None or "Traceback" in result.err:
         return f"{where}: a traceback\n{result.err[-2500:]}"
     if result.status == 0:
@@ -306,7 +308,7 @@ def run_case(pristine: Path, artifact: str, command: str, damage: str, rel: Path
     else:
         lines = result.err.strip().splitlines()
         line = lines[-1] if lines else ""
-        if ": error: " not in line or not (rel.name in line or str(root / rel) in line):
+        if ": error: " not in line or not re.search(rf"(?<![\w.-]){re.escape(rel.name)}(?![\w.-])", line):
             return f"{where}: exit {result.status}, and its last line does not name {rel.name}: {line!r}"
     if problem := kept(before):
         return f"{where}: {problem}"
@@ -316,9 +318,9 @@ def run_case(pristine: Path, artifact: str, command: str, damage: str, rel: Path
 def sweep(request, tmp_path: Path, cases: list[tuple[str, str, str, Path]]) -> None:
     """Run `cases` (artifact, command, damage, file); one assertion listing every breach."""
     breaches = []
-    for artifact, command, damage, rel in cases:
+    for n, (artifact, command, damage, rel) in enumerate(cases):
         pristine = request.getfixturevalue(ARTIFACTS[artifact])
-        breach = run_case(pristine, artifact, command, damage, rel, tmp_path)
+        breach = run_case(pristine, artifact, command, damage, rel, tmp_path / f"case{n}")
         if breach:
             breaches.append(breach)
     assert not breaches, f"{len(breaches)} of {len(cases)} cases break the invariant:\n\n" + "\n\n".join(breaches)

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from troll.checkpoint import damage_remedy, damaged_file
+from troll.checkpoint import complete_checkpoints, damage_remedy, damaged_file
 from troll.cli import Parser, run_command
 from troll.task import decode, encode, score
 
@@ -47,14 +47,16 @@ TOKENIZER = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
 
 def is_adapters(folder: Path) -> bool:
-    """A LoRA checkpoint: PEFT's adapters (troll.lora.is_adapter_checkpoint, without importing torch)."""
-    return (folder / "adapter_config.json").is_file()
+    """A LoRA checkpoint: PEFT's adapters (troll.lora.ADAPTER_FILES, either one: a checkpoint that lost the other is
+    named as a damaged LoRA checkpoint), without importing torch."""
+    return any((folder / name).exists() for name in ("adapter_config.json", "adapter_model.safetensors"))
 
 
 def _model_folder_problem(folder: Path) -> str | None:
     """What a local model folder (or LoRA checkpoint) lacks to load model and tokenizer, or None."""
     lora = is_adapters(folder)
-    missing = [] if lora or (folder / "config.json").is_file() else ["config.json"]
+    config = "adapter_config.json" if lora else "config.json"
+    missing = [] if (folder / config).is_file() else [config]
     weights = ("adapter_model.safetensors",) if lora else WEIGHTS
     for kind, names in (("weights", weights), ("tokenizer", TOKENIZER)):
         if not any((folder / n).is_file() for n in names):
@@ -68,18 +70,22 @@ def _model_folder_problem(folder: Path) -> str | None:
 def lora_base(ckpt: Path) -> tuple[Any, str]:
     """A LoRA checkpoint's run config (for troll.policy.build_model) and the base its adapters go on
     (troll.lora.base_source): the run directory is two folders up. ValueError naming what is missing."""
-    from troll.config import Config
-
-    run_config = ckpt.parent.parent / "config.json"
-    if not run_config.is_file():
-        raise ValueError(
-            f"{ckpt} holds LoRA adapters, and its run's {run_config} (which names their base) is missing: evaluate "
-            "it inside its run directory, or merge it there with python -m troll.export"
-        )
-    cfg = Config.load(run_config)  # a ValueError naming the file
     from troll import lora  # imports torch: only for a LoRA checkpoint
+    from troll.policy import run_config
 
-    base = lora.base_source(cfg, ckpt.parent.parent)
+    if ckpt.parent.name != "checkpoints":
+        raise ValueError(
+            f"{ckpt} holds LoRA adapters, and it is not in a run directory, whose config.json names their base: "
+            "evaluate it in its run directory, or pass a model that python -m troll.export merged there"
+        )
+    cfg = run_config(ckpt.parent.parent)  # a UsageError naming the file
+
+    try:
+        base = lora.base_source(cfg, ckpt.parent.parent)
+    except ValueError:  # the run's own base lacks its config.json (named below), or the folder is gone
+        if not (ckpt.parent.parent / "base").is_dir():
+            raise
+        base = str(ckpt.parent.parent / "base")
     if Path(base).is_dir():
         if problem := _model_folder_problem(Path(base)) or damaged_file(Path(base)):
             raise ValueError(f"{problem}: {damage_remedy(Path(base))}")
@@ -118,21 +124,17 @@ def resolve_model(name: str, adapters: bool = False) -> tuple[str, str | None]:
     path = Path(name).expanduser()
     if path.exists():
         note = None
-        if (path / "checkpoints" / "latest").is_file():  # a run directory: its newest complete checkpoint
-            latest = (path / "checkpoints" / "latest").read_bytes().decode("utf-8", "replace").strip()
-            ckpt = path / "checkpoints" / latest
-            if not latest or not ckpt.is_dir():
-                raise ValueError(
-                    f"{path / 'checkpoints' / 'latest'} names {latest!r}, which is not a checkpoint: pass one of "
-                    f"{path / 'checkpoints'}'s step-* folders, or resume the run"
-                )
-            path, note = ckpt, f"{name} is a run directory: evaluating its latest checkpoint, {ckpt}"
+        if (path / "checkpoints").is_dir():  # a run directory: the checkpoint `latest` names, else the newest
+            pointer, ckpts = path / "checkpoints" / "latest", complete_checkpoints(path)
+            latest = pointer.read_bytes().decode("utf-8", "replace").strip() if pointer.is_file() else None
+            if not ckpts:
+                named = f" ({pointer} names {latest!r}, which is not a checkpoint)" if latest is not None else ""
+                raise ValueError(f"{path} is a run directory without checkpoints{named}: pass a model folder")
+            which = "latest" if latest == ckpts[0].name else f"newest ({pointer} is missing or names none)"
+            path, note = ckpts[0], f"{name} is a run directory: evaluating its {which} checkpoint, {ckpts[0]}"
         if not path.is_dir():
             raise ValueError(f"{path} is not a folder (pass a model folder, a run directory or a hub name)")
-        problem = _model_folder_problem(path)
-        if problem:
-            raise ValueError(problem)
-        if problem := damaged_file(path):
+        if problem := _model_folder_problem(path):  # a damaged file: named by main (damaged_file) before loading
             raise ValueError(f"{problem}: {damage_remedy(path)}")
         if is_adapters(path):
             if not adapters:
@@ -217,7 +219,7 @@ def greedy_generator(backend: str, model_path: str, tokenizer: Any, max_model_le
     if is_adapters(Path(model_path)):
         model = merged_lora(Path(model_path), device)
     else:
-        model = load(AutoModelForCausalLM.from_pretrained, model_path).to(device)
+        model = load(AutoModelForCausalLM.from_pretrained, model_path, "model").to(device)
     return HFGenerator(model.eval(), tokenizer, max_model_len)
 
 
@@ -280,12 +282,14 @@ def main(argv: list[str] | None = None) -> dict:
         )
     if note:
         print(f"{p.prog}: {note}", file=sys.stderr)
+    if Path(model_path).is_dir() and (problem := damaged_file(Path(model_path))):
+        fail(f"{problem}: {damage_remedy(Path(model_path))}")
     import torch  # after the checks: a usage error answers without loading torch
     from transformers import AutoTokenizer
 
     from troll.policy import load
 
-    tokenizer = load(AutoTokenizer.from_pretrained, model_path)
+    tokenizer = load(AutoTokenizer.from_pretrained, model_path, "tokenizer")
     chat = tokenizer.chat_template is not None if args.chat == "auto" else args.chat == "true"
     if chat and tokenizer.chat_template is None:
         fail(f"--chat true, but the tokenizer of {args.model} has no chat template")

@@ -39,6 +39,7 @@ Choices:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,7 +48,7 @@ import torch
 from torch import Tensor
 
 from troll import lora
-from troll.checkpoint import WEIGHTS, damage_remedy, damaged_file
+from troll.checkpoint import TOKENIZER, WEIGHTS, damage_remedy, damaged_file
 from troll.cli import UsageError
 from troll.head import LMHead, Logits
 from troll.padding import left_pad, mask_padded_vocab
@@ -55,6 +56,12 @@ from troll.padding import left_pad, mask_padded_vocab
 if TYPE_CHECKING:
     from troll.config import Config
     from troll.rollout import Rollouts
+
+
+class BaseMissing(UsageError, ValueError):
+    """A LoRA run's own base folder is gone: one line at the command's boundary, and still the ValueError that
+    troll.lora.base_source raises for it."""
+
 
 TINY = dict(hidden=128, layers=2, heads=4)  # the tiny-cpu preset's model: 0.59M parameters
 
@@ -72,8 +79,11 @@ def build_model(cfg: Config, device: torch.device, path: str | Path | None = Non
     if adapters:  # a checkpoint's adapters on the run's base, which sits two folders up (troll.checkpoint)
         try:
             path = lora.base_source(cfg, Path(adapters).parent.parent)
-        except ValueError as e:
-            raise UsageError(str(e)) from None
+        except ValueError as e:  # the run's own base lacks its config.json: `load` names it, or the folder is gone
+            own = Path(adapters).parent.parent / "base"
+            if not own.is_dir():
+                raise BaseMissing(str(e)) from None
+            path = own
     if path is None and cfg.model == "tiny":
         from troll import addition
         from troll.tiny import pad_vocab, tiny_llama, train_tokenizer
@@ -86,24 +96,33 @@ def build_model(cfg: Config, device: torch.device, path: str | Path | None = Non
         model = tiny_llama(tokenizer, **TINY, seed=cfg.seed)
     else:
         src = path or cfg.model
-        tokenizer = load(AutoTokenizer.from_pretrained, adapters or src)
-        model = load(lambda s: AutoModelForCausalLM.from_pretrained(s, dtype=base_dtype(cfg)), src)
+        tokenizer = load(AutoTokenizer.from_pretrained, adapters or src, "tokenizer")
+        model = load(lambda s: AutoModelForCausalLM.from_pretrained(s, dtype=base_dtype(cfg)), src, "model")
     if cfg.grad_checkpointing:
         model.gradient_checkpointing_enable()
     if adapters:
-        model = load(lambda a: lora.load_adapters(model, a), adapters)
+        model = load(lambda a: lora.load_adapters(model, a), adapters, "adapters")
     model.train()
     return model.to(device), tokenizer
 
 
-def load(loader: Callable[[str], Any], source: str | Path) -> Any:
-    """`loader(source)`; for a local folder, its damaged files (troll.checkpoint.damaged_file) and the loader's
-    failure are a UsageError naming the file or folder and what to do (troll.checkpoint.damage_remedy). A hub
-    name's failures pass."""
+NEEDS = {  # what `load` needs in a local folder: each entry a file, or a tuple of which one is enough
+    "tokenizer": ("tokenizer_config.json", TOKENIZER),
+    "model": ("config.json", ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")),
+    "adapters": lora.ADAPTER_FILES,
+}
+
+
+def load(loader: Callable[[str], Any], source: str | Path, kind: str) -> Any:
+    """`loader(source)`, loading a `kind` of NEEDS; for a local folder, its missing (NEEDS) and damaged files
+    (troll.checkpoint.damaged_file) and the loader's failure are a UsageError naming the file or folder and what
+    to do (troll.checkpoint.damage_remedy). A hub name's failures pass."""
     folder = Path(source)
     if not folder.is_dir():
         return loader(str(source))
-    problem = damaged_file(folder)
+    names = [(n,) if isinstance(n, str) else n for n in NEEDS[kind]]
+    missing = [" or ".join(n) for n in names if not any((folder / f).is_file() for f in n)]
+    problem = f"{folder} lacks {', '.join(missing)}" if missing else damaged_file(folder)
     if problem:
         raise UsageError(f"{problem}: {damage_remedy(folder)}")
     try:
@@ -135,6 +154,28 @@ def loaded_problem(loaded: Any, folder: Path) -> str | None:
         return None
     files = [f for f in ("adapter_model.safetensors", *WEIGHTS) if (folder / f).is_file()]
     return f"{folder / files[0] if files else folder} holds NaN or infinite weights ({bad}): damaged bytes"
+
+
+def run_config(run: Path) -> Config:
+    """Run `run`'s config.json, for a command that loads its checkpoints (troll.evaluate, troll.export). Missing or
+    not JSON: a UsageError saying that resume writes it again from the run's newest checkpoint (Config.resumed)."""
+    from troll.config import Config
+
+    path = run / "config.json"
+    again = (
+        f"python -m troll.train --out {run} --resume true writes it again from the run's newest checkpoint (a "
+        "finished run is not trained further)"
+    )
+    if not path.is_file():
+        raise UsageError(f"{path} is missing: {again}")
+    try:
+        json.loads(path.read_bytes().decode("utf-8"))
+    except ValueError:  # not UTF-8, not JSON
+        raise UsageError(f"{path} is damaged (not JSON): {again}") from None
+    try:
+        return Config.load(path)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def base_dtype(cfg: Config) -> torch.dtype:
