@@ -254,11 +254,6 @@ CASES = [
     (artifact, command, damage) for artifact, commands in READERS.items() for command in commands for damage in DAMAGES
 ]
 
-# Cases whose fix belongs in a file another helper owns this round: (artifact, command, damage, file) -> reason.
-# `test_a_known_failure` runs each, expected to fail (strict: a fixed one must leave this table).
-KNOWN: dict[tuple[str, str, str, str], str] = {}
-
-
 # ------------------------------------------------------------------------------------------------ the invariant
 
 
@@ -328,11 +323,7 @@ def sweep(request, tmp_path: Path, cases: list[tuple[str, str, str, Path]]) -> N
 
 def cases_of(request, artifact: str, command: str, damage: str) -> list[tuple[str, str, str, Path]]:
     pristine = request.getfixturevalue(ARTIFACTS[artifact])
-    return [
-        (artifact, command, damage, rel)
-        for rel in files(pristine)
-        if COMMANDS[command].reads(pristine, rel) and (artifact, command, damage, str(rel)) not in KNOWN
-    ]
+    return [(artifact, command, damage, rel) for rel in files(pristine) if COMMANDS[command].reads(pristine, rel)]
 
 
 @pytest.mark.slow
@@ -347,12 +338,3 @@ def test_a_sample_of_the_sweep(request, tmp_path):
     """Six cases of the full run's sweep, the same ones every time: every file's damage, each command, in turn."""
     every = [case for a, c, d in CASES if a == "full" and d != "read-only" for case in cases_of(request, a, c, d)]
     sweep(request, tmp_path, every[:: len(every) // 6][:6])
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    ("artifact", "command", "damage", "rel"),
-    [pytest.param(*case, marks=pytest.mark.xfail(strict=True, reason=reason)) for case, reason in KNOWN.items()],
-)
-def test_a_known_failure(artifact, command, damage, rel, request, tmp_path):
-    sweep(request, tmp_path, [(artifact, command, damage, Path(rel))])
