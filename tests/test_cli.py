@@ -5,7 +5,10 @@ block), and `--help` prints the full help (exit 0)."""
 from __future__ import annotations
 
 import argparse
+import errno
+import json
 import os
+import pickle
 import re
 import subprocess
 import sys
@@ -13,7 +16,7 @@ import sys
 import pytest
 from test_commands import BENCHES, ROOT
 
-from troll.cli import Parser
+from troll.cli import INTERRUPTED, Parser, UsageError, run_command
 
 COMMANDS = [
     *(f"troll.{name}" for name in ("train", "check", "evaluate", "export", "plot", "inspect")),
@@ -127,3 +130,104 @@ def test_every_command_refuses_an_abbreviation_and_an_unknown_flag_in_one_line(m
         line = one_line(err)
         named = ": error: " in line and flag in line and "--help lists the flags" in line
         assert proc.returncode == 2 and named, (module, flag, line)
+
+
+# ------------------------------------------------------------------------------------------------ the boundary
+
+
+def ended(main, capsys, resume: str | None = None) -> tuple[int, str]:
+    """run_command("python -m x", main): its exit status and its stderr."""
+    with pytest.raises(SystemExit) as exit_info:
+        run_command("python -m x", main, resume=resume)
+    return exit_info.value.code, capsys.readouterr().err
+
+
+def raising(e: BaseException):
+    def main():
+        raise e
+
+    return main
+
+
+def os_error(code: int, path: object, cls: type[OSError] = OSError) -> OSError:
+    return cls(code, os.strerror(code), str(path))
+
+
+class SafetensorError(Exception):
+    """Stands in for safetensors' exception, recognised by its module and name (troll.cli imports nothing heavy)."""
+
+
+SafetensorError.__module__ = "safetensors._safetensors_rust"
+
+
+@pytest.mark.parametrize(
+    ("error", "words"),
+    [
+        (os_error(errno.EACCES, "/r/config.json", PermissionError), ["/r/config.json", "permission denied", "chmod"]),
+        (os_error(errno.EISDIR, "/r/summary.json", IsADirectoryError), ["/r/summary.json is a folder", "move it"]),
+        (os_error(errno.ENOENT, "/no/such/folder/x.json", FileNotFoundError), ["its folder /no/such/folder", "create"]),
+        (os_error(errno.ENOENT, "/tmp/no-such-file.json", FileNotFoundError), ["/tmp/no-such-file.json does not"]),
+        (os_error(errno.EROFS, "/ro/metrics.jsonl"), ["/ro/metrics.jsonl is on a read-only file system", "writable"]),
+        (os_error(errno.EEXIST, "/r/out", FileExistsError), ["/r/out already exists", "another path"]),
+        (os_error(errno.EIO, "/r/trainer.pt"), ["/r/trainer.pt", "Input/output error", "EIO"]),
+        (OSError(errno.EXDEV, "Invalid cross-device link", "/a", None, "/b"), ["/a -> /b", "EXDEV"]),
+        (FileNotFoundError("GSM8K source x does not exist (and is not a hub name)"), ["GSM8K source x does not exist"]),
+        (ImportError("no module named peft: pip install peft", name="peft"), ["pip install peft", "missing package"]),
+        (json.JSONDecodeError("Expecting value", "{", 0), ["damaged", "JSONDecodeError", "restore it"]),
+        (UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"), ["damaged", "UnicodeDecodeError"]),
+        (pickle.UnpicklingError("invalid load key"), ["damaged", "UnpicklingError"]),
+        (EOFError("Ran out of input"), ["damaged", "EOFError"]),
+        (
+            RuntimeError("PytorchStreamReader failed reading zip archive: failed finding central directory"),
+            ["damaged", "PytorchStreamReader"],
+        ),
+        (SafetensorError("Error while deserializing header: header too large"), ["damaged", "SafetensorError"]),
+    ],
+)
+def test_an_expected_failure_is_one_line_exit_2(error, words, capsys):
+    status, err = ended(raising(error), capsys)
+    line = one_line(err)
+    assert status == 2 and line.startswith("python -m x: error: "), (status, err)
+    assert all(w in line for w in words), line
+
+
+def test_a_file_where_a_folder_belongs_is_named(tmp_path, capsys):
+    (tmp_path / "runs").write_text("a file")
+    error = os_error(errno.ENOTDIR, tmp_path / "runs" / "x" / "config.json", NotADirectoryError)
+    status, err = ended(raising(error), capsys)
+    assert status == 2 and f"{tmp_path / 'runs'} is a file where a folder belongs" in one_line(err)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        os_error(errno.ENOSPC, "/r/checkpoints/.tmp-step-000003/trainer.pt"),
+        RuntimeError("[enforce fail at inline_container.cc:664] . PytorchStreamWriter failed writing file data/0"),
+        SafetensorError("Error while serializing: IoError(Os { code: 28, kind: StorageFull })"),
+    ],
+)
+def test_a_full_disk_says_the_checkpoints_are_kept_and_how_to_continue(error, capsys):
+    status, err = ended(raising(error), capsys, resume="python -m troll.train --out r --resume true")
+    line = one_line(err)
+    assert status == 2 and "free some disk space" in line and "finished checkpoints are kept" in line, line
+    assert "continue with: python -m troll.train --out r --resume true" in line
+
+
+def test_a_bug_keeps_its_traceback_and_says_it_is_one(capsys):
+    status, err = ended(raising(KeyError("step")), capsys)
+    assert status == 1 and err.startswith("Traceback") and "KeyError: 'step'" in err, err
+    last = err.strip().splitlines()[-1]
+    assert last == "python -m x: error: this is a bug in troll (KeyError): please report it with the traceback above"
+    status, err = ended(raising(ImportError("cannot import name 'x' from 'troll.y'", name="troll.y")), capsys)
+    assert status == 1 and "Traceback" in err and "bug in troll" in err  # troll's own import: a bug
+
+
+def test_usage_error_ctrl_c_and_exit_status_are_as_before(capsys):
+    status, err = ended(raising(UsageError("--steps must be >= 1")), capsys)
+    assert status == 2 and one_line(err) == "python -m x: error: --steps must be >= 1"
+    status, err = ended(raising(KeyboardInterrupt()), capsys, resume="python -m x --resume true")
+    assert (
+        status == INTERRUPTED == 130
+        and one_line(err) == "python -m x: interrupted; continue with: python -m x --resume true"
+    )
+    assert ended(lambda: 3, capsys)[0] == 3 and ended(lambda: None, capsys)[0] == 0

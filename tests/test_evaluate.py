@@ -1,5 +1,6 @@
 """The evaluation command (troll/evaluate.py): greedy pass@1 with the training reward, on a tiny local model."""
 
+import importlib.util
 import json
 
 import pytest
@@ -65,3 +66,33 @@ def test_vllm_greedy_equals_transformers_greedy(tiny_dir, monkeypatch):
         assert engine.greedy(prompts, 8) == hf and decode(tok, hf)
     finally:
         engine.close()
+
+
+@pytest.mark.slow
+def test_a_lora_run_is_evaluated_as_its_export(tmp_path, gsm8k_dir):
+    """`troll.evaluate` on a LoRA run (its latest checkpoint: adapters on the run's base, merged in memory) gives
+    the predictions of the merged model `troll.export` writes; `--backend vllm` on it names troll.export (issue 40:
+    it said the checkpoint lacked a config and weights)."""
+    from test_commands import command
+
+    run, merged = tmp_path / "run", tmp_path / "merged"
+    tiny = ["--sft_steps", "0", "--steps", "1", "--eval_size", "4", "--prompts_per_step", "2"]
+    trained = command("-m", "troll.train", "--out", str(run), "--lora_rank", "4", "--lr", "0.05", *tiny)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    exported = command("-m", "troll.export", str(run), "--out", str(merged))
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    flags = ["--data", str(gsm8k_dir), "--limit", "3", "--max-new-tokens", "8", "--backend", "hf"]
+    predictions, said = {}, {}
+    for name, model in (("run", run), ("merged", merged)):
+        done = command("-m", "troll.evaluate", "--model", str(model), *flags, "--out", str(tmp_path / f"eval-{name}"))
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+        predictions[name], said[name] = (tmp_path / f"eval-{name}" / "predictions.jsonl").read_text(), done.stderr
+    assert f"its adapters merged into the run's base {run / 'base'}" in said["run"], said["run"][-3000:]
+    assert predictions["run"] == predictions["merged"] and predictions["run"].count("\n") == 3
+    ckpt = run / "checkpoints" / "step-000001"
+    if importlib.util.find_spec("vllm") is None:
+        return  # --backend vllm is refused for the missing package first
+    refused = command("-m", "troll.evaluate", "--model", str(ckpt), *flags[:-1], "vllm", "--out", str(tmp_path / "v"))
+    line = refused.stderr.strip().splitlines()[-1]
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+    assert "LoRA adapters" in line and f"python -m troll.export {ckpt}" in line, line

@@ -11,8 +11,11 @@
 - A checkpoint is written to a temporary folder and renamed into place, then `latest` is replaced (write, then
   rename): a crash during a save never damages the last good checkpoint. The last two are kept.
 - `complete_checkpoints` lists the checkpoints newest first (`latest` first); `check_checkpoint` names the first
-  damaged or missing file of one (a truncated trainer.pt or safetensors file, missing tokenizer files), so resume
-  can fall back to the older one and say why.
+  damaged or missing file of one (a truncated trainer.pt or safetensors file, missing tokenizer files), and
+  `load_trainer_state` refuses NaN in trainer.pt's tensors (what garbled bytes there load as), so resume can fall
+  back to the older one and say why. `damaged_file` names the first file of a model or checkpoint folder
+  that cannot be read (a JSON file that is not UTF-8 JSON, a safetensors file whose header does not parse or that is
+  truncated, a folder where a file belongs), so a loader's failure names the file, not only the folder.
 - JSON files are written through a temporary file and a rename (`write_json`, `rewrite_jsonl`). JSONL logs are
   appended a line at a time and flushed to disk; `read_jsonl(torn_tail=True)` skips a torn last line (a crash or
   a full disk during an append) with a warning, and resume's `truncate_jsonl` rewrites the file without it. Any
@@ -32,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "adapter_model.safetensors")
-TOKENIZER = ("tokenizer.json", "tokenizer_config.json")
+TOKENIZER = ("tokenizer.json", "tokenizer.model", "vocab.json")  # the vocabulary, beside tokenizer_config.json
 
 
 def save_checkpoint(out: Path, model: Any, tokenizer: Any, opt: Any, sched: Any, state: dict) -> Path:
@@ -59,8 +62,8 @@ def complete_checkpoints(out: Path) -> list[Path]:
     """Checkpoint folders of `out`, newest first: the one `latest` names, then the other step-* folders."""
     root = out / "checkpoints"
     steps = sorted(root.glob("step-*"), reverse=True) if root.is_dir() else []
-    pointer = root / "latest"
-    first = root / pointer.read_text().strip() if pointer.is_file() else None
+    pointer = root / "latest"  # a damaged pointer names no checkpoint: the step-* folders are listed without it
+    first = root / pointer.read_bytes().decode("utf-8", "replace").strip() if pointer.is_file() else None
     return ([first] if first in steps else []) + [p for p in steps if p != first]
 
 
@@ -74,11 +77,45 @@ def check_checkpoint(ckpt: Path) -> str | None:
     if not any((ckpt / f).is_file() for f in WEIGHTS):
         return f"{ckpt}: no model weights ({' or '.join(WEIGHTS)})"
     if not any((ckpt / f).is_file() for f in TOKENIZER):
-        return f"{ckpt}: no tokenizer files ({' or '.join(TOKENIZER)})"
-    for name in ("model.safetensors", "adapter_model.safetensors"):
-        if (ckpt / name).is_file():
-            return _safetensors_problem(ckpt / name)
+        return f"{ckpt}: no tokenizer vocabulary ({' or '.join(TOKENIZER)})"
+    if not (ckpt / "tokenizer_config.json").is_file():  # its special tokens: without it the tokenizer has no EOS
+        return f"{ckpt}: tokenizer_config.json is missing"
+    return damaged_file(ckpt)
+
+
+def damaged_file(folder: Path) -> str | None:
+    """Why the first unreadable file of model or checkpoint folder `folder` cannot be read, naming it: each *.json
+    file must be a UTF-8 JSON object and each *.safetensors file whole (`_safetensors_problem`); None when all are."""
+    for path in sorted([*folder.glob("*.json"), *folder.glob("*.safetensors")]):
+        if path.is_dir():
+            return f"{path} is a folder, not a file"
+        problem = _safetensors_problem(path) if path.suffix == ".safetensors" else _json_problem(path)
+        if problem:
+            return problem
     return None
+
+
+def damage_remedy(folder: Path) -> str:
+    """What to do about a model folder that cannot be read: a LoRA run's base, a run's checkpoint, or another."""
+    if folder.name == "base" and (folder.parent / "config.json").is_file():
+        return "the LoRA run's frozen base, which its checkpoints adapt: restore it from a copy, or start a new run"
+    if folder.parent.name == "checkpoints":
+        return "a damaged checkpoint: use the run's other one (a run keeps its last two), or resume the run"
+    return "restore the folder, or pass another model"
+
+
+def _json_problem(path: Path) -> str | None:
+    """Why a JSON file does not hold a JSON object (empty, not UTF-8, not JSON), or None."""
+    raw = path.read_bytes()
+    if not raw.strip():
+        return f"{path} is empty"
+    try:
+        obj = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        return f"{path} is damaged (not UTF-8 at byte {e.start})"
+    except json.JSONDecodeError as e:
+        return f"{path} is damaged (not valid JSON: {e.msg} at line {e.lineno} column {e.colno})"
+    return None if isinstance(obj, dict) else f"{path} is damaged (a JSON {type(obj).__name__}, not an object)"
 
 
 def save_base(out: Path, model: Any, tokenizer: Any) -> Path:
@@ -94,10 +131,26 @@ def save_base(out: Path, model: Any, tokenizer: Any) -> Path:
 
 
 def load_trainer_state(ckpt: Path) -> dict:
-    """trainer.pt of a checkpoint: {optimizer, scheduler, step, ...the run's state}."""
+    """trainer.pt of a checkpoint: {optimizer, scheduler, step, ...the run's state}. torch raises several types on a
+    damaged file (its callers say which file); one that holds no dict is a ValueError."""
     import torch
 
-    return torch.load(ckpt / "trainer.pt", weights_only=False)
+    state = torch.load(ckpt / "trainer.pt", weights_only=False)
+    if not isinstance(state, dict):
+        raise ValueError(f"it holds a {type(state).__name__}, not the trainer's state")
+    if where := _nonfinite(state):  # garbled tensor bytes load without complaint; NaN would end the run later
+        raise ValueError(f"its {where} holds NaN or infinite values (damaged bytes)")
+    return state
+
+
+def _nonfinite(obj: Any, where: str = "state") -> str | None:
+    """Where in a nest of dicts, lists and tensors (an optimiser's state) a float tensor holds NaN or inf."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return where if obj.is_floating_point() and not bool(torch.isfinite(obj).all()) else None
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple)) else ()
+    return next((w for k, v in items if (w := _nonfinite(v, f"{where}[{k!r}]"))), None)
 
 
 def checkpoint_settings(out: Path) -> tuple[Path, dict] | None:
@@ -108,7 +161,7 @@ def checkpoint_settings(out: Path) -> tuple[Path, dict] | None:
             state = load_trainer_state(ckpt)
         except Exception:  # torch.load raises several types on a damaged file: the older checkpoint may do
             continue
-        if isinstance(state, dict) and isinstance(state.get("config"), dict):
+        if isinstance(state.get("config"), dict):
             return ckpt, state["config"]
     return None
 
@@ -123,9 +176,10 @@ def _safetensors_problem(path: Path) -> str | None:
             header = json.loads(f.read(n)) if 8 + n <= size else None
     except (struct.error, ValueError, UnicodeDecodeError):
         header = None
-    if not isinstance(header, dict):
+    try:
+        end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+    except (AttributeError, KeyError, IndexError, TypeError, ValueError):  # no header, or not safetensors' layout
         return f"{path} is damaged (its header cannot be read)"
-    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
     if 8 + n + end > size:
         return f"{path} is truncated ({size} bytes, its header lists {8 + n + end})"
     return None

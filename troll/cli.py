@@ -1,25 +1,41 @@
 """What every command does with a problem the user fixes, and with Ctrl-C: one line on stderr, never a traceback.
 
     if __name__ == "__main__":
-        run_command("python -m troll.plot", main)           # exit 2 on a UsageError, 130 on Ctrl-C
+        run_command("python -m troll.plot", main)           # exit 2 on a user's problem, 130 on Ctrl-C, 1 on a bug
         run_command("python -m troll.train", lambda: train(cfg), resume="python -m troll.train --out x --resume true")
 
 - `UsageError` (and troll.harness.RunError, one of them) is a problem with the arguments, files or environment that
   the user resolves: its message names it and the fix; the command prints `<prog>: error: <message>` and exits 2.
+- The expected failures of a file system and of damaged files end the same way, one line and exit 2 (`expected`),
+  naming the file from the exception where it carries one:
+  - OSError: permission denied, a folder where a file belongs and a file where a folder belongs, a missing file or
+    parent folder, a full disk (finished checkpoints are kept; the line says how to continue), a read-only file
+    system, any other errno;
+  - a damaged file: JSON that does not parse, bytes that are not UTF-8, a safetensors file (SafetensorError), a
+    torch.load file (pickle.UnpicklingError, EOFError, the zip reader's "PytorchStreamReader failed ..."); torch's
+    and safetensors' failed writes (a full disk) too. The commands name the file where they read it (a UsageError),
+    so this is the fallback for a read site that does not;
+  - an optional package that is missing (ImportError, but one of troll's own modules).
 - Ctrl-C (KeyboardInterrupt) prints `<prog>: interrupted` with the command that continues, if there is one, and
   exits 130 (128 + SIGINT, what a shell reports for a command stopped by Ctrl-C).
 - Every command's flags are parsed by `Parser` (argparse.ArgumentParser, subparsers included): a flag is never
   abbreviated (`--step 5` is refused, not taken as `--steps 5`), and a refused flag is the same one line, with
   `(<prog> --help lists the flags)` added, not argparse's usage block; `--help` prints the full help.
-Any other exception is a bug and keeps its traceback. This module imports nothing heavy: commands use it before
-torch is loaded.
+Any other exception is a bug: it keeps its traceback, followed by one line saying that it is a bug in troll to
+report with that traceback, and exit 1. This module imports nothing heavy: commands use it before torch is loaded
+(torch's and safetensors' exceptions are recognised by their module and name).
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
+import json
+import pickle
 import sys
+import traceback
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 INTERRUPTED = 130  # the shell's exit status for a process stopped by SIGINT
@@ -36,8 +52,9 @@ def fail(prog: str, message: str) -> NoReturn:
 
 
 def run_command(prog: str, main: Callable[[], Any], resume: str | None = None) -> NoReturn:
-    """Run a command's `main`; a UsageError and Ctrl-C end it with one line (module docstring). An int that `main`
-    returns is the exit status (troll.check's 1 for a failed check); anything else exits 0."""
+    """Run a command's `main`; a UsageError, an expected failure (`expected`) and Ctrl-C end it with one line, a bug
+    with its traceback and a line saying so (module docstring). An int that `main` returns is the exit status
+    (troll.check's 1 for a failed check); anything else exits 0."""
     try:
         status = main()
     except UsageError as e:
@@ -46,7 +63,77 @@ def run_command(prog: str, main: Callable[[], Any], resume: str | None = None) -
         then = f"; continue with: {resume}" if resume else ""
         print(f"\n{prog}: interrupted{then}", file=sys.stderr)
         raise SystemExit(INTERRUPTED) from None
+    except Exception as e:
+        message = expected(e, resume)
+        if message is not None:
+            fail(prog, message)
+        traceback.print_exc()
+        print(
+            f"{prog}: error: this is a bug in troll ({type(e).__name__}): please report it with the traceback above",
+            file=sys.stderr,
+        )
+        raise SystemExit(1) from None
     raise SystemExit(status if isinstance(status, int) else 0)
+
+
+def expected(e: BaseException, resume: str | None = None) -> str | None:
+    """The one-line message for a failure the user or the file system caused (module docstring), or None for a
+    bug. `resume`: the command that continues after a full disk."""
+    if isinstance(e, OSError):
+        return os_error(e, resume)
+    if isinstance(e, ImportError) and not (e.name or "troll").startswith("troll"):
+        return f"{e} (a missing package: pip install -r requirements.txt -e .)"
+    kind, first = f"{type(e).__module__}.{type(e).__name__}", (str(e).splitlines() or [""])[0][:200]
+    if kind.startswith("safetensors") and type(e).__name__ == "SafetensorError" and "while serializing" in first:
+        return write_failed(f"safetensors: {first}", resume)
+    if isinstance(e, RuntimeError) and "PytorchStreamWriter" in first:
+        return write_failed(f"torch.save: {first}", resume)
+    damaged = (json.JSONDecodeError, UnicodeDecodeError, pickle.UnpicklingError, EOFError)
+    zip_reader = isinstance(e, RuntimeError) and "PytorchStreamReader" in str(e)
+    if isinstance(e, damaged) or zip_reader or type(e).__name__ == "SafetensorError":
+        return (
+            f"a file this command reads is damaged ({type(e).__name__}: {first}): restore it, or pass another one "
+            "(a run keeps its last two checkpoints)"
+        )
+    return None
+
+
+def os_error(e: OSError, resume: str | None = None) -> str:
+    """An OSError's one line: the file it names (`filename`, and `filename2` for a rename) and what to do."""
+    if e.errno is None:  # raised with a message of its own (troll's, a library's): it says what to do
+        return str(e)
+    names = [str(n) for n in (e.filename, e.filename2) if n is not None]
+    name = " -> ".join(names) if names else "a file"
+    reason = e.strerror or str(e)
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return write_failed(f"{name}: {reason}", resume)
+    if e.errno == errno.EROFS:
+        return f"{name} is on a read-only file system: choose a path on a writable one"
+    if isinstance(e, PermissionError):
+        return f"{name}: permission denied: make it readable and writable by you (chmod, chown), or choose another path"
+    if isinstance(e, IsADirectoryError):
+        return f"{name} is a folder where a file belongs: move it away, or choose another path"
+    if isinstance(e, NotADirectoryError):
+        file = next((p for p in Path(names[0]).parents if p.exists() and not p.is_dir()), None) if names else None
+        where = f"{file} is a file where a folder belongs (in {name})" if file else f"{name}: not a folder"
+        return f"{where}: move it away, or choose another path"
+    if isinstance(e, FileNotFoundError):
+        parent = Path(names[0]).parent if names else None
+        if parent is not None and not parent.exists():
+            return f"{name}: its folder {parent} does not exist: create it, or choose another path"
+        return f"{name} does not exist: check the path"
+    if isinstance(e, FileExistsError):
+        return f"{name} already exists: move it away, or choose another path"
+    if not names:
+        return f"{type(e).__name__}: {reason}"
+    code = f" ({errno.errorcode[e.errno]})" if e.errno in errno.errorcode else ""
+    return f"{name}: {reason}{code}"
+
+
+def write_failed(what: str, resume: str | None) -> str:
+    """A write that failed for lack of space (or another I/O error): the finished checkpoints are kept."""
+    then = f", then continue with: {resume}" if resume else ", then run the command again"
+    return f"writing failed ({what}): free some disk space{then} (finished checkpoints are kept)"
 
 
 class Parser(argparse.ArgumentParser):

@@ -12,11 +12,15 @@ path training evaluates with too, so the numbers agree; it masks output ids past
 rows), as the samplers do. Prompts are encoded, completions decoded and scored by troll.task, as in training.
 
 `--model` (`resolve_model`): a local folder holding a model and its tokenizer (config.json, weights, tokenizer
-files); a run directory, whose `checkpoints/latest` checkpoint is evaluated (said on stderr); or a hub name. A hub
+files); a run directory, whose `checkpoints/latest` checkpoint is evaluated (said on stderr); a LoRA run's
+checkpoint (adapter_config.json, or a LoRA run directory), whose adapters are loaded on the run's base and merged in
+memory in float32, as `python -m troll.export` merges them (with the hf backend: vLLM loads a model folder, which
+troll.export writes); or a hub name. A
 name is looked up once, with a short timeout: when the hub cannot be reached (or HF_HUB_OFFLINE is set) a copy in
 the local cache is used, else the command stops at once instead of retrying for a minute. A path that does not exist,
-a folder that lacks a model or tokenizer file (named), an unknown hub name, bad --data or a bad number: a usage error,
-exit 2 with one line on stderr, before any model is loaded.
+a folder that lacks a model or tokenizer file (named) or holds a damaged one (troll.checkpoint.damaged_file), a LoRA
+checkpoint whose run config or base is missing, an unknown hub name, bad --data or a bad number: a usage error, exit
+2 with one line on stderr, before any model is loaded.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from troll.checkpoint import complete_checkpoints, damage_remedy, damaged_file
 from troll.cli import Parser, run_command
 from troll.task import decode, encode, score
 
@@ -41,16 +46,50 @@ WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.b
 TOKENIZER = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
 
+def is_adapters(folder: Path) -> bool:
+    """A LoRA checkpoint: PEFT's adapters (troll.lora.ADAPTER_FILES, either one: a checkpoint that lost the other is
+    named as a damaged LoRA checkpoint), without importing torch."""
+    return any((folder / name).exists() for name in ("adapter_config.json", "adapter_model.safetensors"))
+
+
 def _model_folder_problem(folder: Path) -> str | None:
-    """What a local model folder lacks to load model and tokenizer with transformers, or None."""
-    missing = [] if (folder / "config.json").is_file() else ["config.json"]
-    for kind, names in (("weights", WEIGHTS), ("tokenizer", TOKENIZER)):
+    """What a local model folder (or LoRA checkpoint) lacks to load model and tokenizer, or None."""
+    lora = is_adapters(folder)
+    config = "adapter_config.json" if lora else "config.json"
+    missing = [] if (folder / config).is_file() else [config]
+    weights = ("adapter_model.safetensors",) if lora else WEIGHTS
+    for kind, names in (("weights", weights), ("tokenizer", TOKENIZER)):
         if not any((folder / n).is_file() for n in names):
             missing.append(f"{kind} ({' or '.join(names)})")
     if not missing:
         return None
     hint = " (a run directory without checkpoints)" if (folder / "metrics.jsonl").is_file() else ""
-    return f"{folder} is not a model folder{hint}: it lacks {', '.join(missing)}"
+    return f"{folder} is not a {'LoRA checkpoint' if lora else 'model folder'}{hint}: it lacks {', '.join(missing)}"
+
+
+def lora_base(ckpt: Path) -> tuple[Any, str]:
+    """A LoRA checkpoint's run config (for troll.policy.build_model) and the base its adapters go on
+    (troll.lora.base_source): the run directory is two folders up. ValueError naming what is missing."""
+    from troll import lora  # imports torch: only for a LoRA checkpoint
+    from troll.policy import run_config
+
+    if ckpt.parent.name != "checkpoints":
+        raise ValueError(
+            f"{ckpt} holds LoRA adapters, and it is not in a run directory, whose config.json names their base: "
+            "evaluate it in its run directory, or pass a model that python -m troll.export merged there"
+        )
+    cfg = run_config(ckpt.parent.parent)  # a UsageError naming the file
+
+    try:
+        base = lora.base_source(cfg, ckpt.parent.parent)
+    except ValueError:  # the run's own base lacks its config.json (named below), or the folder is gone
+        if not (ckpt.parent.parent / "base").is_dir():
+            raise
+        base = str(ckpt.parent.parent / "base")
+    if Path(base).is_dir():
+        if problem := _model_folder_problem(Path(base)) or damaged_file(Path(base)):
+            raise ValueError(f"{problem}: {damage_remedy(Path(base))}")
+    return cfg, base
 
 
 def hub_offline() -> bool:
@@ -76,25 +115,36 @@ def hub_lookup(name: str, kind: str) -> str | None:
     return None
 
 
-def resolve_model(name: str) -> tuple[str, str | None]:
+def resolve_model(name: str, adapters: bool = False) -> tuple[str, str | None]:
     """What to load for `--model NAME` (module docstring), and a note saying what was chosen, or None.
 
     Returns a local folder or a hub name; raises ValueError with a one-line message when there is nothing to load.
+    A LoRA checkpoint is accepted with `adapters` (troll.evaluate merges it), else refused naming troll.export.
     """
     path = Path(name).expanduser()
     if path.exists():
         note = None
-        if (path / "checkpoints" / "latest").is_file():  # a run directory: its newest complete checkpoint
-            latest = (path / "checkpoints" / "latest").read_text().strip()
-            ckpt = path / "checkpoints" / latest
-            if not latest or not ckpt.is_dir():
-                raise ValueError(f"{path / 'checkpoints' / 'latest'} names {latest!r}, which is not a checkpoint")
-            path, note = ckpt, f"{name} is a run directory: evaluating its latest checkpoint, {ckpt}"
+        if (path / "checkpoints").is_dir():  # a run directory: the checkpoint `latest` names, else the newest
+            pointer, ckpts = path / "checkpoints" / "latest", complete_checkpoints(path)
+            latest = pointer.read_bytes().decode("utf-8", "replace").strip() if pointer.is_file() else None
+            if not ckpts:
+                named = f" ({pointer} names {latest!r}, which is not a checkpoint)" if latest is not None else ""
+                raise ValueError(f"{path} is a run directory without checkpoints{named}: pass a model folder")
+            which = "latest" if latest == ckpts[0].name else f"newest ({pointer} is missing or names none)"
+            path, note = ckpts[0], f"{name} is a run directory: evaluating its {which} checkpoint, {ckpts[0]}"
         if not path.is_dir():
             raise ValueError(f"{path} is not a folder (pass a model folder, a run directory or a hub name)")
-        problem = _model_folder_problem(path)
-        if problem:
-            raise ValueError(problem)
+        if problem := _model_folder_problem(path):  # a damaged file: named by main (damaged_file) before loading
+            raise ValueError(f"{problem}: {damage_remedy(path)}")
+        if is_adapters(path):
+            if not adapters:
+                raise ValueError(
+                    f"{path} holds LoRA adapters, not a model: merge them into their base with python -m troll.export "
+                    f"{path} --out DIR, and pass DIR"
+                )
+            _, base = lora_base(path)
+            merged = f"its adapters merged into the run's base {base} in memory"
+            note = f"{note}; {merged}" if note else f"{path} is a LoRA checkpoint: {merged}"
         return str(path), note
     from troll.gsm8k import is_hub_name
 
@@ -147,7 +197,8 @@ def check_not_trained_on(model_path: str, rows: list[dict[str, str]], data: str)
 
 
 def greedy_generator(backend: str, model_path: str, tokenizer: Any, max_model_len: int) -> Generator:
-    """A rollout backend ("hf" or "vllm") holding the model at `model_path`, for its `greedy` method."""
+    """A rollout backend ("hf" or "vllm") holding the model at `model_path` (a LoRA checkpoint: merged, hf only),
+    for its `greedy` method."""
     import torch
 
     if backend == "vllm":
@@ -161,10 +212,28 @@ def greedy_generator(backend: str, model_path: str, tokenizer: Any, max_model_le
 
     from transformers import AutoModelForCausalLM
 
+    from troll.policy import load
     from troll.rollout import HFGenerator
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    return HFGenerator(AutoModelForCausalLM.from_pretrained(model_path).to(device), tokenizer, max_model_len)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if is_adapters(Path(model_path)):
+        model = merged_lora(Path(model_path), device)
+    else:
+        model = load(AutoModelForCausalLM.from_pretrained, model_path, "model").to(device)
+    return HFGenerator(model.eval(), tokenizer, max_model_len)
+
+
+def merged_lora(ckpt: Path, device: Any) -> Any:
+    """A LoRA checkpoint's adapters on its run's base, merged in float32 (as troll.export writes it)."""
+    import dataclasses
+
+    from troll.lora import merge
+    from troll.policy import build_model
+
+    cfg, _ = lora_base(ckpt)
+    cfg = dataclasses.replace(cfg, bf16=False, grad_checkpointing=False)  # merged in float32, no training
+    model, _ = build_model(cfg, device, path=ckpt)
+    return merge(model)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -199,25 +268,35 @@ def main(argv: list[str] | None = None) -> dict:
     if args.backend == "vllm" and importlib.util.find_spec("vllm") is None:
         fail("--backend vllm needs the optional vllm package, which is not installed: pass --backend hf")
     try:
-        model_path, note = resolve_model(args.model)
+        model_path, note = resolve_model(args.model, adapters=True)
         check_hub_data(args.data)
         rows = gsm8k.load_gsm8k("test", source=args.data, limit=args.limit)
         check_not_trained_on(model_path, rows, args.data)
     except (OSError, ValueError) as e:
         fail(str(e))
+    lora = is_adapters(Path(model_path))
+    if lora and args.backend == "vllm":
+        fail(
+            f"--backend vllm loads a model folder, and {model_path} holds LoRA adapters: merge them with "
+            f"python -m troll.export {model_path} --out DIR and evaluate DIR, or pass --backend hf"
+        )
     if note:
         print(f"{p.prog}: {note}", file=sys.stderr)
+    if Path(model_path).is_dir() and (problem := damaged_file(Path(model_path))):
+        fail(f"{problem}: {damage_remedy(Path(model_path))}")
     import torch  # after the checks: a usage error answers without loading torch
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    from troll.policy import load
+
+    tokenizer = load(AutoTokenizer.from_pretrained, model_path, "tokenizer")
     chat = tokenizer.chat_template is not None if args.chat == "auto" else args.chat == "true"
     if chat and tokenizer.chat_template is None:
         fail(f"--chat true, but the tokenizer of {args.model} has no chat template")
     prompts = encode(tokenizer, [gsm8k.make_prompt(r["question"], tokenizer, chat=chat) for r in rows])
     backend = args.backend
-    if backend == "auto":
-        backend = "vllm" if torch.cuda.is_available() and importlib.util.find_spec("vllm") else "hf"
+    if backend == "auto":  # a LoRA checkpoint is merged in memory, which the hf backend evaluates
+        backend = "vllm" if torch.cuda.is_available() and importlib.util.find_spec("vllm") and not lora else "hf"
     start = time.time()
     max_model_len = max(len(x) for x in prompts) + args.max_new_tokens
     completions = decode(

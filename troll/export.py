@@ -16,20 +16,19 @@ import torch
 
 from troll.checkpoint import complete_checkpoints
 from troll.cli import Parser
-from troll.config import Config
 from troll.lora import is_adapter_checkpoint, merge
-from troll.policy import build_model
+from troll.policy import build_model, run_config
 
 
 def export(source: str | Path, out: str | Path) -> Path:
     """Merge a run's newest checkpoint (or a checkpoint folder) into a plain model folder `out` in float32, with the
     tokenizer: what troll.evaluate and vLLM load. ValueError names what is not a LoRA run or checkpoint."""
     source = Path(source)
-    ckpt = (complete_checkpoints(source) or [None])[0] if (source / "config.json").is_file() else source
+    ckpt = (complete_checkpoints(source) or [None])[0] if (source / "checkpoints").is_dir() else source
     run = source if ckpt is not source else source.parent.parent
     if ckpt is None or not is_adapter_checkpoint(ckpt):
         raise ValueError(f"{source}: not a LoRA run directory or adapter checkpoint (no adapter_config.json)")
-    cfg = dataclasses.replace(Config.load(run / "config.json"), bf16=False)  # merged in float32
+    cfg = dataclasses.replace(run_config(run), bf16=False)  # merged in float32
     model, tokenizer = build_model(cfg, torch.device("cpu"), path=ckpt)
     out = Path(out)
     merge(model).to(torch.float32).save_pretrained(out)

@@ -30,13 +30,17 @@ Choices:
   output layer, applied in chunks of that many rows by the losses (each chunk's logits recomputed in backward),
   so no [B, T, V] tensor exists for the micro-batch. The LM head must be a plain linear layer on the decoder's
   last hidden state (Llama, Qwen2, Qwen3: checked; logit soft-capping or scaling raises).
+- `build_model` names what it cannot load (a UsageError: the file, and what to do): a damaged file of a local
+  model, checkpoint or `<out>/base` folder (troll.checkpoint.damaged_file, then the loader's own error), a LoRA
+  run's missing base, adapters PEFT refuses.
 - `build_model` returns train mode (`from_pretrained` returns eval mode, in which gradient checkpointing does
   nothing) in float32; bf16 is autocast by the trainer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,12 +48,20 @@ import torch
 from torch import Tensor
 
 from troll import lora
+from troll.checkpoint import TOKENIZER, WEIGHTS, damage_remedy, damaged_file
+from troll.cli import UsageError
 from troll.head import LMHead, Logits
 from troll.padding import left_pad, mask_padded_vocab
 
 if TYPE_CHECKING:
     from troll.config import Config
     from troll.rollout import Rollouts
+
+
+class BaseMissing(UsageError, ValueError):
+    """A LoRA run's own base folder is gone: one line at the command's boundary, and still the ValueError that
+    troll.lora.base_source raises for it."""
+
 
 TINY = dict(hidden=128, layers=2, heads=4)  # the tiny-cpu preset's model: 0.59M parameters
 
@@ -65,7 +77,13 @@ def build_model(cfg: Config, device: torch.device, path: str | Path | None = Non
 
     adapters = path if path is not None and lora.is_adapter_checkpoint(path) else None
     if adapters:  # a checkpoint's adapters on the run's base, which sits two folders up (troll.checkpoint)
-        path = lora.base_source(cfg, Path(adapters).parent.parent)
+        try:
+            path = lora.base_source(cfg, Path(adapters).parent.parent)
+        except ValueError as e:  # the run's own base lacks its config.json: `load` names it, or the folder is gone
+            own = Path(adapters).parent.parent / "base"
+            if not own.is_dir():
+                raise BaseMissing(str(e)) from None
+            path = own
     if path is None and cfg.model == "tiny":
         from troll import addition
         from troll.tiny import pad_vocab, tiny_llama, train_tokenizer
@@ -78,14 +96,86 @@ def build_model(cfg: Config, device: torch.device, path: str | Path | None = Non
         model = tiny_llama(tokenizer, **TINY, seed=cfg.seed)
     else:
         src = path or cfg.model
-        tokenizer = AutoTokenizer.from_pretrained(adapters or src)
-        model = AutoModelForCausalLM.from_pretrained(src, dtype=base_dtype(cfg))
+        tokenizer = load(AutoTokenizer.from_pretrained, adapters or src, "tokenizer")
+        model = load(lambda s: AutoModelForCausalLM.from_pretrained(s, dtype=base_dtype(cfg)), src, "model")
     if cfg.grad_checkpointing:
         model.gradient_checkpointing_enable()
     if adapters:
-        model = lora.load_adapters(model, adapters)
+        model = load(lambda a: lora.load_adapters(model, a), adapters, "adapters")
     model.train()
     return model.to(device), tokenizer
+
+
+NEEDS = {  # what `load` needs in a local folder: each entry a file, or a tuple of which one is enough
+    "tokenizer": ("tokenizer_config.json", TOKENIZER),
+    "model": ("config.json", ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")),
+    "adapters": lora.ADAPTER_FILES,
+}
+
+
+def load(loader: Callable[[str], Any], source: str | Path, kind: str) -> Any:
+    """`loader(source)`, loading a `kind` of NEEDS; for a local folder, its missing (NEEDS) and damaged files
+    (troll.checkpoint.damaged_file) and the loader's failure are a UsageError naming the file or folder and what
+    to do (troll.checkpoint.damage_remedy). A hub name's failures pass."""
+    folder = Path(source)
+    if not folder.is_dir():
+        return loader(str(source))
+    names = [(n,) if isinstance(n, str) else n for n in NEEDS[kind]]
+    missing = [" or ".join(n) for n in names if not any((folder / f).is_file() for f in n)]
+    problem = f"{folder} lacks {', '.join(missing)}" if missing else damaged_file(folder)
+    if problem:
+        raise UsageError(f"{problem}: {damage_remedy(folder)}")
+    try:
+        loaded = loader(str(source))
+    except ImportError:
+        raise
+    except Exception as e:  # transformers, tokenizers, safetensors and PEFT raise many types on a file they refuse
+        first = (str(e).splitlines() or [""])[0][:200]
+        raise UsageError(f"{folder} cannot be loaded ({type(e).__name__}: {first}): {damage_remedy(folder)}") from None
+    if problem := loaded_problem(loaded, folder):
+        raise UsageError(f"{problem}: {damage_remedy(folder)}")
+    return loaded
+
+
+def loaded_problem(loaded: Any, folder: Path) -> str | None:
+    """What a whole-looking folder loaded as and must not be: a tokenizer without an EOS token (its
+    tokenizer_config.json lost), weights with NaN or inf (garbled bytes load without complaint), named by file."""
+    if hasattr(loaded, "eos_token_id") and not hasattr(loaded, "parameters") and loaded.eos_token_id is None:
+        return f"{folder / 'tokenizer_config.json'} is missing or damaged: the tokenizer has no EOS token"
+    if not isinstance(loaded, torch.nn.Module):
+        return None
+    lora_only = lora.is_adapter_checkpoint(folder)  # the adapters were loaded onto a base checked before
+    with torch.no_grad():
+        bad = next(
+            (n for n, p in loaded.named_parameters() if (not lora_only or "lora_" in n) and not p.isfinite().all()),
+            None,
+        )
+    if bad is None:
+        return None
+    files = [f for f in ("adapter_model.safetensors", *WEIGHTS) if (folder / f).is_file()]
+    return f"{folder / files[0] if files else folder} holds NaN or infinite weights ({bad}): damaged bytes"
+
+
+def run_config(run: Path) -> Config:
+    """Run `run`'s config.json, for a command that loads its checkpoints (troll.evaluate, troll.export). Missing or
+    not JSON: a UsageError saying that resume writes it again from the run's newest checkpoint (Config.resumed)."""
+    from troll.config import Config
+
+    path = run / "config.json"
+    again = (
+        f"python -m troll.train --out {run} --resume true writes it again from the run's newest checkpoint (a "
+        "finished run is not trained further)"
+    )
+    if not path.is_file():
+        raise UsageError(f"{path} is missing: {again}")
+    try:
+        json.loads(path.read_bytes().decode("utf-8"))
+    except ValueError:  # not UTF-8, not JSON
+        raise UsageError(f"{path} is damaged (not JSON): {again}") from None
+    try:
+        return Config.load(path)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def base_dtype(cfg: Config) -> torch.dtype:
