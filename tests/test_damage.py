@@ -24,6 +24,7 @@ import re
 import runpy
 import shutil
 import stat
+import subprocess
 import sys
 import traceback
 import warnings
@@ -131,6 +132,14 @@ def garble(path: Path) -> None:
     path.write_bytes(data[:middle] + b"\xff" * n + data[middle + n :])
 
 
+def read_only(path: Path) -> None:
+    """chmod 0o444; as root, whom no mode stops, also the immutable attribute (chattr +i), which stops every process
+    from writing, renaming or removing the file (`writable_again` undoes it)."""
+    path.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+    if os.geteuid() == 0:
+        subprocess.run(["chattr", "+i", str(path)], check=True, capture_output=True)
+
+
 def to_folder(path: Path) -> None:
     path.unlink()
     path.mkdir()
@@ -141,17 +150,29 @@ DAMAGES: dict[str, Callable[[Path], None]] = {
     "truncated": lambda p: p.write_bytes(p.read_bytes()[: p.stat().st_size // 2]),
     "garbled": garble,
     "emptied": lambda p: p.write_bytes(b""),
-    "read-only": lambda p: p.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH),
+    "read-only": read_only,
     "folder": to_folder,
 }
 
 
-def chmod_stops_writes(tmp_path: Path) -> bool:
-    """False where chmod 0o444 does not stop this process from writing (root)."""
+def writable_again(root: Path) -> None:
+    """Undo `read_only`'s immutable attribute under `root`, so the folder can be removed."""
+    if os.geteuid() == 0 and root.exists():
+        subprocess.run(["chattr", "-R", "-i", str(root)], capture_output=True)
+
+
+def read_only_stops_writes(tmp_path: Path) -> bool:
+    """Whether `read_only` stops this process from writing here (chattr can fail on some file systems)."""
     probe = tmp_path / "probe"
     probe.write_text("")
-    DAMAGES["read-only"](probe)
-    return not os.access(probe, os.W_OK)
+    try:
+        DAMAGES["read-only"](probe)
+        with open(probe, "a"):
+            return False
+    except (OSError, subprocess.CalledProcessError):
+        return True
+    finally:
+        writable_again(probe)
 
 
 # ------------------------------------------------------------------------------------------------ the commands
@@ -315,7 +336,10 @@ def sweep(request, tmp_path: Path, cases: list[tuple[str, str, str, Path]]) -> N
     breaches = []
     for n, (artifact, command, damage, rel) in enumerate(cases):
         pristine = request.getfixturevalue(ARTIFACTS[artifact])
-        breach = run_case(pristine, artifact, command, damage, rel, tmp_path / f"case{n}")
+        try:
+            breach = run_case(pristine, artifact, command, damage, rel, tmp_path / f"case{n}")
+        finally:
+            writable_again(tmp_path / f"case{n}")
         if breach:
             breaches.append(breach)
     assert not breaches, f"{len(breaches)} of {len(cases)} cases break the invariant:\n\n" + "\n\n".join(breaches)
@@ -329,8 +353,8 @@ def cases_of(request, artifact: str, command: str, damage: str) -> list[tuple[st
 @pytest.mark.slow
 @pytest.mark.parametrize(("artifact", "command", "damage"), CASES)
 def test_the_damage_sweep(artifact, command, damage, request, tmp_path):
-    if damage == "read-only" and not chmod_stops_writes(tmp_path):
-        pytest.skip("chmod 0o444 does not stop this process's writes (root): the damage is no damage here")
+    if damage == "read-only" and not read_only_stops_writes(tmp_path):
+        pytest.skip("neither chmod 0o444 nor chattr +i stops this process's writes here: the damage is no damage")
     sweep(request, tmp_path, cases_of(request, artifact, command, damage))
 
 
