@@ -75,6 +75,8 @@ BAD_FLAGS = [
     (["--samples_to_log", "-1"], "samples_to_log must be >= 0"),
     (["--seed", "-1"], "seed must be >= 0"),
     (["--model", ""], "model must not be empty"),
+    (["--model", " "], "model must not be empty"),
+    (["--task", "gsm8k", "--data", ""], "data must not be empty"),
     (["--loss", "dppo", "--level", "sequence"], "level=sequence .* not dppo"),
     (["--loss", "cispo", "--level", "sequence"], "level=sequence .* not cispo"),
     (["--bf16", "maybe"], "expected true/false"),

@@ -460,8 +460,9 @@ def check(cfg: Config) -> list[str]:
         cfg.lora_rank == 0 or cfg.lora_alpha > 0,
         "lora_alpha=0 scales the adapters' update (alpha / rank) B A by 0: every update is zero; use alpha > 0",
     )
-    need(bool(cfg.model), "model must not be empty")
-    need(bool(cfg.out), "out must not be empty")
+    need(bool(cfg.model.strip()), "model must not be empty")
+    need(bool(cfg.data.strip()), "data must not be empty")
+    need(bool(cfg.out.strip()), "out must not be empty")
     return problems
 
 

@@ -258,6 +258,11 @@ def main(argv: list[str] | None = None) -> dict:
         """A usage error: one line on stderr, exit 2 (no usage text: the flags parsed)."""
         p.exit(2, f"{p.prog}: error: {message}\n")
 
+    for flag in ("model", "data"):
+        if not getattr(args, flag).strip():
+            fail(f"--{flag} must not be empty")
+    if args.out is not None and not args.out.strip():
+        fail("--out must not be empty (leave it out for evals/<model name>)")
     if args.limit is not None and args.limit < 1:
         fail(f"--limit must be >= 1, got {args.limit}")
     if args.max_new_tokens < 1:
