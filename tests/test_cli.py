@@ -16,7 +16,7 @@ import sys
 import pytest
 from test_commands import BENCHES, ROOT
 
-from troll.cli import INTERRUPTED, Parser, UsageError, run_command
+from troll.cli import BROKEN_PIPE, INTERRUPTED, Parser, UsageError, run_command
 
 COMMANDS = [
     *(f"troll.{name}" for name in ("train", "check", "evaluate", "export", "plot", "inspect")),
@@ -231,3 +231,22 @@ def test_usage_error_ctrl_c_and_exit_status_are_as_before(capsys):
         and one_line(err) == "python -m x: interrupted; continue with: python -m x --resume true"
     )
     assert ended(lambda: 3, capsys)[0] == 3 and ended(lambda: None, capsys)[0] == 0
+
+
+def test_a_closed_pipe_ends_quietly(capsys):
+    status, err = ended(raising(BrokenPipeError(errno.EPIPE, "Broken pipe")), capsys)
+    assert status == BROKEN_PIPE == 141 and err == ""
+
+
+@pytest.mark.slow
+def test_a_command_whose_reader_has_gone_ends_quietly():
+    """`study.run --dry-run | head -1`, with head gone before the grid is listed (the pipe's read end closed before
+    the command starts): no traceback, and the shell's status for a command stopped by SIGPIPE."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        result = subprocess.run([sys.executable, "-m", "study.run", "--dry-run"], cwd=ROOT, stdout=write,
+                                stderr=subprocess.PIPE, text=True, timeout=300)  # fmt: skip
+    finally:
+        os.close(write)
+    assert (result.returncode, result.stderr) == (BROKEN_PIPE, ""), result.stderr[-2000:]

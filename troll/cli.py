@@ -16,6 +16,8 @@
     and safetensors' failed writes (a full disk) too. The commands name the file where they read it (a UsageError),
     so this is the fallback for a read site that does not;
   - an optional package that is missing (ImportError, but one of troll's own modules).
+- A closed pipe on stdout (`python -m troll.inspect RUN | head`) ends quietly with 141, as a shell reports a command
+  stopped by SIGPIPE.
 - Ctrl-C (KeyboardInterrupt) prints `<prog>: interrupted` with the command that continues, if there is one, and
   exits 130 (128 + SIGINT, what a shell reports for a command stopped by Ctrl-C).
 - Every command's flags are parsed by `Parser` (argparse.ArgumentParser, subparsers included): a flag is never
@@ -29,8 +31,10 @@ report with that traceback, and exit 1. This module imports nothing heavy: comma
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import json
+import os
 import pickle
 import sys
 import traceback
@@ -39,6 +43,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 INTERRUPTED = 130  # the shell's exit status for a process stopped by SIGINT
+BROKEN_PIPE = 141  # the shell's for one stopped by SIGPIPE: its output's reader closed the pipe (`| head`)
 
 
 class UsageError(Exception):
@@ -63,6 +68,10 @@ def run_command(prog: str, main: Callable[[], Any], resume: str | None = None) -
         then = f"; continue with: {resume}" if resume else ""
         print(f"\n{prog}: interrupted{then}", file=sys.stderr)
         raise SystemExit(INTERRUPTED) from None
+    except BrokenPipeError:  # stdout's reader has gone (`... | head`): nothing more to say, and no one to hear it
+        with contextlib.suppress(OSError, ValueError):  # Python's flush at exit would fail again: stdout to devnull
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(BROKEN_PIPE) from None
     except Exception as e:
         message = expected(e, resume)
         if message is not None:
