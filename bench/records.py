@@ -43,7 +43,7 @@ COMPARED = ("reward", "policy", "regression", "kl_before_mean", "kl_after_max", 
 
 
 def main() -> None:
-    ap = Parser(prog="python -m bench.records", description=__doc__.split("\n")[0],
+    ap = Parser(description=__doc__.split("\n")[0],
                 epilog="Other flags go to troll.config.Config (e.g. --records_samples 8).")  # fmt: skip
     ap.add_argument("--repeats", type=int_at_least(1), default=10, help="measured rounds (each runs both)")
     ap.add_argument("--warmup", type=int_at_least(0), default=1, help="untimed rounds first")
@@ -92,4 +92,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_command("python -m bench.records", main)
+    run_command("python bench/records.py", main)

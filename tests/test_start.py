@@ -58,8 +58,8 @@ def test_a_failed_start_writes_nothing(tmp_path, wrong, right, words):
 
 
 def test_a_broken_model_folder_is_one_line_and_the_same_command_runs_after_the_fix(tmp_path):
-    """transformers failing on a damaged model folder while the run starts: one line naming --model and the
-    package, nothing written; once the folder is repaired, the same command runs."""
+    """A damaged model folder while the run starts: one line naming the damaged file and the fix, nothing written;
+    once the folder is repaired, the same command runs."""
     from troll import addition
     from troll.tiny import save_tiny, tiny_llama, train_tokenizer
 
@@ -71,7 +71,7 @@ def test_a_broken_model_folder_is_one_line_and_the_same_command_runs_after_the_f
     weights.write_bytes(weights.read_bytes()[:100])
     out = tmp_path / "run"
     flags = ["--model", str(model), *QUICK]
-    one_line(train(out, *flags), 2, f"--model {model}", "transformers", "run the same command again")
+    one_line(train(out, *flags), 2, str(weights), "restore the folder")  # named where it is read (troll.policy)
     assert not out.exists()
     shutil.copy(good / "model.safetensors", weights)
     ran(train(out, *flags), out)
@@ -131,7 +131,7 @@ def test_a_damaged_base_on_resume_is_one_line_and_changes_nothing(tmp_path):
     weights.write_bytes(b"\x00" * 64 + good[64:])
     before = files(out)
     resume = ["--resume", "true", "--steps", "2"]
-    one_line(train(out, *resume), 2, "base", "run the same command again")
+    one_line(train(out, *resume), 2, str(weights), "frozen base", "restore it from a copy")
     assert files(out) == before
     shutil.move(out / "base", tmp_path / "base")
     one_line(train(out, *resume), 2, f"{out / 'base'} is missing")

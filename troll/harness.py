@@ -119,7 +119,10 @@ def check_sources(cfg: Config) -> None:
 
     try:
         if cfg.model != "tiny":
-            path, note = evaluate.resolve_model(cfg.model)
+            try:
+                path, note = evaluate.resolve_model(cfg.model)
+            except (OSError, ValueError) as e:  # the flag named: a preset may have set it
+                raise ValueError(f"--model {cfg.model}: {e}") from None
             if note:  # a run directory: training starts from a model folder, not from a run
                 raise ValueError(f"--model {cfg.model} is a run directory: pass one of its checkpoints, e.g. {path}")
         if cfg.task == "gsm8k":

@@ -163,6 +163,8 @@ def base_source(cfg: Any, out: str | Path) -> str:
     if not owns_base(cfg):
         return cfg.model
     own = Path(out) / "base"
-    if not (own / "config.json").is_file():
-        raise ValueError(f"{own} is missing: the LoRA run's adapters are trained on that base; start a new run")
+    config = own / "config.json"
+    if not config.is_file():
+        what = f"{own} is missing" if not own.exists() else f"{config} is {'not a file' if config.exists() else 'missing'}"
+        raise ValueError(f"{what}: the LoRA run's adapters are trained on that base; restore it, or start a new run")
     return str(own)
