@@ -199,9 +199,11 @@ DRY = {
 
 
 def study_command(module: str, tmp_path: Path, *argv: str) -> subprocess.CompletedProcess:
-    """`python -m module` with its --out (where it has one) and --results in tmp_path."""
+    """`python -m module` with its --out (where it has one and reads it: not in a report) and --results in
+    tmp_path."""
     where = ["--results", str(tmp_path / "results.jsonl")]
-    where += [] if module == "study.bandit" else ["--out", str(tmp_path / "runs")]
+    report = {"--report", "--figures"} & set(argv)
+    where += [] if module == "study.bandit" or report else ["--out", str(tmp_path / "runs")]
     return command("-m", module, *where, *argv)
 
 
