@@ -28,6 +28,9 @@ asked of the project's own losses on the project's own sparse old policy. Design
   A value given twice in `--cells`, `--variants` or `--seeds`, or one that makes no run (a variant none of the
   `--cells` runs), is refused (study/runner.py). `--jobs N` (N > 1) runs N spawned worker processes with
   cores / N threads each (study/runner.py); one job runs in this process.
+- Modes: a run (or --dry-run), --report, --figures (the last two together too). With --report or --figures, which
+  read only the results file, a run's flag given (the grid, --steps, --samples, --vocab, --jobs, --dry-run:
+  `ACTS`) cannot act and is refused in one line (study/runner.py).
 - Report: per cell and variant, means over seeds and paired differences to PPO-clip 0.2 (`BASELINE`) on the same
   seed with 95% t-intervals (study.runner.t_interval) of the focus context's steps to the threshold (the good
   token at 0.005, the issue's rank 20) and of `auc`; then best against best: each loss at its own best setting in
@@ -46,6 +49,7 @@ from pathlib import Path
 from study.bandit_sim import TARGETS, THRESHOLD, Cell, simulate
 from study.runner import (
     grid_problem,
+    inert_flag,
     paired_diffs,
     plan,
     pm,
@@ -329,7 +333,22 @@ def plot_curves(rows: Sequence[dict], out: Path, cell: str = "issue") -> Path:
 # ----------------------------------------------------------------------------- the command
 
 
-def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
+# The command's modes, each as the refusal names what chooses it (study.runner.inert_flag)
+MODES = {"run": "without --report or --figures", "report": "with --report", "figures": "with --figures"}
+# Each flag that acts in some modes only -> those modes (the others, --results, --report and --figures, act in
+# every mode): the report and the figures read the results file, not the grid's flags.
+ACTS = dict.fromkeys(
+    ("--cells", "--variants", "--seeds", "--steps", "--samples", "--vocab", "--jobs", "--dry-run"), ("run",)
+)
+
+
+def modes(args: argparse.Namespace) -> list[str]:
+    """The modes the command runs in: --report and / or --figures, or else a run (or --dry-run)."""
+    return [m for m, on in (("report", args.report), ("figures", args.figures is not None)) if on] or ["run"]
+
+
+def parser() -> Parser:
+    """The command's flags."""
     p = Parser(prog=PROG, description=__doc__.split("\n")[0])
     p.add_argument("--results", default="study/bandit.jsonl", help="results file; default: %(default)s")
     p.add_argument("--cells", nargs="+", default=list(CELLS), choices=list(CELLS))
@@ -342,7 +361,16 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dry-run", action="store_true", help="list the grid, run nothing")
     p.add_argument("--report", action="store_true", help="print the paired tables of the results file")
     p.add_argument("--figures", default=None, help="draw the figures of the results file into this folder")
+    return p
+
+
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = parser()
     args = p.parse_args(argv)
+    if args.figures == "":
+        p.error("--figures names the folder to draw into, got ''")
+    if problem := inert_flag(p, argv, ACTS, modes(args), MODES):  # before the checks of a flag that cannot act
+        p.error(problem)
     for name in ("steps", "jobs"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
@@ -368,11 +396,11 @@ def progress(row: dict) -> str:
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     args = parse(argv)
-    if args.report or args.figures:
+    if modes(args) != ["run"]:
         rows = report_rows(Path(args.results), PROG, FIELDS)
         if args.report:
             print(report(rows))
-        if args.figures:
+        if args.figures is not None:
             print(plot_steps(rows, Path(args.figures)))
             if any(r["cell"] == "issue" for r in rows):
                 print(plot_curves(rows, Path(args.figures)))

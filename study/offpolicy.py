@@ -44,6 +44,11 @@ Design, stated once:
   (`default`) at its own, paired, and the same with the learning rates chosen without each seed (`lora_vs_full`).
 - Task (`--task rare --vocab_size N`): the rare-behaviour variant (troll.addition); its warm-start records how often
   the behaviour appears, its rows the behaviour's rate per step, and the report how fast each loss adopts it.
+- Modes: a run (or --dry-run), --report, --figures (the last two together too). A flag given that cannot act in
+  the command's modes (`ACTS`) is refused in one line (study/runner.py): the run's flags (the grid, --out, --task,
+  --jobs, --dry-run, ...) with --report or --figures, which read only the results file; --threshold (the rare
+  task's adoption) without --report or --figures, --baseline (the table's pairing) without --report, --name (the
+  figures' file names) without --figures.
 - Files: the grid and each run's config in study/offpolicy_grid.py, the report and figures in
   study/offpolicy_report.py; here the warm-starts, the results rows and the command.
 """
@@ -90,6 +95,7 @@ from study.offpolicy_report import (
 )
 from study.runner import (
     grid_problem,
+    inert_flag,
     plan,
     read_results,
     refuse_other_settings,
@@ -199,7 +205,28 @@ def execute(run: Run, cfg: Config) -> dict:
 # ----------------------------------------------------------------------------- the command
 
 
-def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
+# The command's modes, each as the refusal names what chooses it (study.runner.inert_flag)
+MODES = {"run": "without --report or --figures", "report": "with --report", "figures": "with --figures"}
+RUN_FLAGS = ("--task", "--vocab_size", "--out", "--sources", "--anchors", "--losses", "--settings", "--lrs", "--seeds",
+             "--steps", "--eval_size", "--sft_steps", "--jobs", "--dry-run")  # fmt: skip
+# Each flag that acts in some modes only -> those modes (the others, --results, --report and --figures, act in
+# every mode): the report reads the results file, not the grid's flags; --threshold is the rare task's adoption
+# (its table and figure), --baseline the table's pairing (the figures pair with PPO-clip), --name the figures' files.
+ACTS = {
+    **dict.fromkeys(RUN_FLAGS, ("run",)),
+    "--threshold": ("report", "figures"),
+    "--baseline": ("report",),
+    "--name": ("figures",),
+}
+
+
+def modes(args: argparse.Namespace) -> list[str]:
+    """The modes the command runs in: --report and / or --figures, or else a run (or --dry-run)."""
+    return [m for m, on in (("report", args.report), ("figures", args.figures is not None)) if on] or ["run"]
+
+
+def parser() -> Parser:
+    """The command's flags."""
     p = Parser(prog=PROG, description=__doc__.split("\n")[0])
     p.add_argument(
         "--task",
@@ -235,7 +262,16 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--baseline", default=BASELINE, choices=list(LOSSES), help="the report's paired baseline")
     p.add_argument("--name", default="offpolicy", help="the figures' file names start with this; default: %(default)s")
     p.add_argument("--figures", default=None, help="draw the paired figure of the results file into this folder")
+    return p
+
+
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = parser()
     args = p.parse_args(argv)
+    if args.figures == "":
+        p.error("--figures names the folder to draw into, got ''")
+    if problem := inert_flag(p, argv, ACTS, modes(args), MODES):  # before the checks of a flag that cannot act
+        p.error(problem)
     for name in ("steps", "eval_size", "sft_steps", "jobs"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
@@ -265,7 +301,7 @@ def progress(row: dict) -> str:
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     args = parse(argv)
-    if args.report or args.figures:
+    if modes(args) != ["run"]:
         rows = report_rows(Path(args.results), PROG, FIELDS)
         if args.report:
             print(report(rows, args.baseline, args.threshold))
@@ -273,7 +309,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
                 print(f"\nEach loss at its own best setting (by mean final accuracy):\n{best}")
             if lora := report_lora(rows):
                 print(f"\nLoRA against full fine-tuning, each at its own best learning rate:\n{lora}")
-        if args.figures:  # <name>_paired.png, and _settings / _adoption / _vs_full where the rows have them
+        if args.figures is not None:  # <name>_paired.png, and _settings / _adoption / _vs_full where the rows have them
             stem, against = args.name, any(r["loss"] == BASELINE for r in rows)  # the first two: paired to PPO-clip
             if against:
                 print(plot_paired(rows, Path(args.figures), stem))

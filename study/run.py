@@ -32,6 +32,10 @@ Choices, stated once:
 - The list flags (`--variants`, `--lrs`, `--off_policy`, `--seeds`) follow every study's rules (study/runner.py):
   a value given twice, or one that makes no run (a variant other than the first with only `--off_policy 1x1`), is
   refused in one line.
+- Modes: a run (or `--dry-run`, which lists it, the estimate and the jobs it would use) and `--calibrate`. A flag
+  given that cannot act in the command's mode is refused in one line (`ACTS`; study/runner.py): with --calibrate,
+  which times one run of seed 0 in one worker, --results, --seeds, --jobs, --limit and --dry-run; and a `--limit`
+  not below the grid's size, which would select every run.
 - `--jobs N` (default 1) runs N at a time, each in its own worker process with cores / N torch threads; with one
   job the worker keeps torch's default threads. Workers are spawned (study/runner.py) and import torch once; the
   parent never imports it.
@@ -57,7 +61,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from study import figures
-from study.runner import grid_problem, merge_results, read_rows, run_all, train_run, workers
+from study.runner import grid_problem, inert_flag, merge_results, read_rows, run_all, train_run, workers
 from troll import plot
 from troll.cli import Parser, fail, run_command
 from troll.config import Config, settings
@@ -256,7 +260,21 @@ def _setting(text: str) -> tuple[int, int]:
     return int(parts[0]), int(parts[1])
 
 
-def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
+# The command's modes, each as the refusal names what chooses it (study.runner.inert_flag)
+MODES = {"run": "without --calibrate", "calibrate": "with --calibrate"}
+# Each flag that acts in some modes only -> those modes (the others act in both): --calibrate times one run of seed
+# 0 (of troll-paper, or the first of --variants; the first of --lrs; the most minibatches of --off_policy) into
+# <out>/calibration.json, in one worker, whatever the grid's seeds, size or results file.
+ACTS = dict.fromkeys(("--results", "--seeds", "--jobs", "--limit", "--dry-run"), ("run",))
+
+
+def modes(args: argparse.Namespace) -> list[str]:
+    """The mode the command runs in: --calibrate, or else a run (or --dry-run)."""
+    return ["calibrate" if args.calibrate else "run"]
+
+
+def parser() -> Parser:
+    """The command's flags."""
     p = Parser(prog=PROG, description=__doc__.split("\n")[0])
     p.add_argument("--out", default="runs/study", help="one folder per run in here; default: %(default)s")
     p.add_argument("--results", default="study/results.jsonl", help="results file (JSONL); default: %(default)s")
@@ -278,7 +296,14 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--limit", type=int, default=0, help="only the first N runs of the grid (0: all)")
     p.add_argument("--dry-run", action="store_true", help="list the grid and its time estimate, run nothing")
     p.add_argument("--calibrate", action="store_true", help="time one run and store it for the estimate")
+    return p
+
+
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = parser()
     args = p.parse_args(argv)
+    if problem := inert_flag(p, argv, ACTS, modes(args), MODES):  # before the checks of a flag that cannot act
+        p.error(problem)
     try:  # every run's config is checked before any work
         for run in grid(args):
             config(run, args)
@@ -289,6 +314,9 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     whole = grid(argparse.Namespace(**{**vars(args), "limit": 0}))  # a value past --limit still makes runs
     if problem := grid_problem(p, args, whole, FLAGS, "the on-policy 1x1 runs for the first of --variants only"):
         p.error(problem)
+    if args.limit and args.limit >= len(whole):  # every run: the flag cannot act
+        p.error(f"--limit {args.limit} cannot act: the grid has {len(whole)} runs, all of which it selects; give fewer "
+                "or drop it")  # fmt: skip
     if Path(args.out).exists() and not Path(args.out).is_dir():
         p.error(f"--out {args.out} is a file, not a folder")
     if Path(args.results).is_dir():
@@ -323,7 +351,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     print(
         f"{len(runs)} runs ({len(args.variants)} variants x {len(args.lrs)} lrs x {len(args.off_policy)} "
         f"off-policy settings x {len(args.seeds)} seeds, 1x1 once{f'; first {args.limit}' if args.limit else ''}), "
-        f"{len(runs) - len(todo)} finished; the rest: about {total / 60:.0f} min one at a time ({source})"
+        f"{len(runs) - len(todo)} finished; the rest: about {total / 60:.0f} min one at a time ({source}), to run "
+        f"with {args.jobs} job(s)"
     )
     if args.dry_run:
         for r in runs:

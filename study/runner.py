@@ -1,5 +1,5 @@
 """What the three studies (run.py, offpolicy.py, bandit.py) share: workers, the results file, paired statistics and
-the command's common branches. Each study imports this module and troll, never another study.
+the command's common branches and rules. Each study imports this module and troll, never another study.
 
 - Workers (`workers`, `each`, `run_all`): `--jobs N` runs N spawned worker processes (no fork of a process with
   OpenMP threads), each with cores / N torch threads; with one job the worker keeps torch's default threads, or,
@@ -17,6 +17,10 @@ the command's common branches. Each study imports this module and troll, never a
 - The list flags' rules (`grid_problem`), the same in every study: a value given twice (`--seeds 0 0`) is refused,
   not run twice into one folder by two workers; a value given on the command line that makes no run of the grid
   (a setting of a loss not in --losses, a variant no --cells runs) is refused, not dropped in silence.
+- Flags of one mode (`given`, `inert_flag`): a study command runs in one or two modes (a run or --dry-run, --report,
+  --figures, --calibrate); each study's table (`ACTS`: a flag -> the modes it acts in; a flag not in it acts in
+  every mode) is the rule, and a flag typed on the command line that acts in none of the command's modes (the run's
+  --sources with --report, the report's --baseline in a run) is refused before anything is read or written.
 A problem the user fixes ends the command with one line on stderr and exit 2 (troll.cli).
 """
 
@@ -28,6 +32,7 @@ import math
 import os
 import shutil
 import statistics
+import sys
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import replace
@@ -272,6 +277,41 @@ def grid_problem(
             return (
                 f"--{flag} {' '.join(map(show, unused))} makes no run with the other flags given ({why}); "
                 f"drop it or change those flags"
+            )
+    return ""
+
+
+def given(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> list[str]:
+    """The flags typed in `argv` (sys.argv[1:] when None), each once in the order typed, by its long name:
+    `--flag value` and `--flag=value` alike, nothing after `--`. A flag left at its default is not given, even
+    where its value equals the default (`--steps 40` is given)."""
+    actions = parser._option_string_actions  # argparse's own map of option strings (no abbreviations: troll.cli)
+    typed = []
+    for arg in sys.argv[1:] if argv is None else argv:
+        if arg == "--":
+            break
+        action = actions.get(arg.split("=", 1)[0]) if arg.startswith("-") else None
+        if action is not None and (flag := max(action.option_strings, key=len)) not in typed:
+            typed.append(flag)
+    return typed
+
+
+def inert_flag(
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str] | None,
+    acts: Mapping[str, Collection[str]],
+    active: Collection[str],
+    modes: Mapping[str, str],
+) -> str:
+    """The refusal of the first flag given (`given`) that acts in none of the `active` modes, empty when each one
+    acts. `acts`: a flag -> the modes it acts in (a flag not in it acts in every mode); `modes`: each mode -> what
+    chooses it, as the message says it ("with --report")."""
+    for flag in given(parser, argv):
+        where = acts.get(flag)
+        if where is not None and not set(where) & set(active):
+            return (
+                f"{flag} cannot act {' and '.join(modes[m] for m in active)}: it acts only "
+                f"{' or '.join(modes[m] for m in where)}; drop it"
             )
     return ""
 

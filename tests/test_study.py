@@ -8,6 +8,8 @@ import argparse
 import json
 import math
 import random
+import re
+import shlex
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -197,9 +199,11 @@ DRY = {
 
 
 def study_command(module: str, tmp_path: Path, *argv: str) -> subprocess.CompletedProcess:
-    """`python -m module` with its --out (where it has one) and --results in tmp_path."""
+    """`python -m module` with its --out (where it has one and reads it: not in a report) and --results in
+    tmp_path."""
     where = ["--results", str(tmp_path / "results.jsonl")]
-    where += [] if module == "study.bandit" else ["--out", str(tmp_path / "runs")]
+    report = {"--report", "--figures"} & set(argv)
+    where += [] if module == "study.bandit" or report else ["--out", str(tmp_path / "runs")]
     return command("-m", module, *where, *argv)
 
 
@@ -305,3 +309,170 @@ def test_the_offpolicy_report_without_its_baseline_says_so_instead_of_nan(tmp_pa
     result = command("-m", "study.offpolicy", "--report", "--results", str(path))
     assert result.returncode == 0 and "nan" not in result.stdout, result.stdout
     assert "-0.100 (1 seed)" in result.stdout and "No ppo_clip" not in result.stdout
+
+
+# ----------------------------------------------------------------------------- a flag that cannot act is refused
+
+
+def test_the_flags_given_are_those_typed_not_the_defaults(monkeypatch):
+    p = runner.argparse.ArgumentParser(allow_abbrev=False)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--lrs", nargs="+", type=float, default=[1e-4])
+    p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--name", default="x")
+    argv = ["--lrs", "-1", "2", "--steps=40", "--dry-run", "--steps", "3", "--", "--name"]
+    assert runner.given(p, argv) == ["--lrs", "--steps", "--dry-run"]  # each once; a default typed is given
+    assert runner.given(p, []) == []
+    monkeypatch.setattr(runner.sys, "argv", ["prog", "--name=y"])
+    assert runner.given(p, None) == ["--name"]  # argv None: the command line, as argparse reads it
+
+
+def test_a_flag_is_refused_only_in_a_mode_it_cannot_act_in():
+    p = runner.argparse.ArgumentParser()
+    for flag in ("--a", "--b", "--c"):
+        p.add_argument(flag)
+    acts, modes = (
+        {"--a": ("run",), "--b": ("report", "figures")},
+        {m: f"with {m}" for m in ("run", "report", "figures")},
+    )
+    assert runner.inert_flag(p, ["--a", "1", "--c", "2"], acts, ["run"], modes) == ""  # --c: in every mode
+    assert runner.inert_flag(p, ["--b=1"], acts, ["figures"], modes) == ""
+    line = runner.inert_flag(p, ["--c", "1", "--b", "1", "--a", "1"], acts, ["run"], modes)
+    assert line == "--b cannot act with run: it acts only with report or with figures; drop it"  # the first typed
+    assert runner.inert_flag(p, ["--a", "1"], acts, ["report", "figures"], modes).startswith(
+        "--a cannot act with report and with figures: it acts only with run"
+    )
+
+
+@pytest.mark.parametrize("module", [run, offpolicy, bandit])
+def test_each_studys_table_names_its_own_flags_and_modes(module):
+    """ACTS is the rule: every flag it names is one of the command's, every mode one of MODES; the flags that choose
+    the mode act in every mode (not in the table), and with no flag the command runs the grid."""
+    flags = {max(a.option_strings, key=len) for a in module.parser()._actions if a.option_strings}
+    assert set(module.ACTS) <= flags
+    assert {m for where in module.ACTS.values() for m in where} <= set(module.MODES)
+    assert not {"--report", "--figures", "--calibrate", "--help"} & set(module.ACTS)
+    assert module.modes(module.parse([])) == ["run"]
+
+
+# Each study's flags that cannot act in a mode: (argv, the refusal's words)
+INERT = {
+    offpolicy: [
+        (["--report", "--sources", "none"], "--sources cannot act with --report: it acts only without --report"),
+        (["--report", "--seeds", "0"], "--seeds cannot act with --report"),
+        (["--figures", "f", "--dry-run"], "--dry-run cannot act with --figures"),
+        (["--report", "--out=runs/x"], "--out cannot act with --report"),
+        (["--report", "--task", "rare", "--vocab_size", "1024"], "--task cannot act with --report"),
+        (["--report", "--figures", "f", "--jobs", "2"], "--jobs cannot act with --report and with --figures"),
+        (["--threshold", "0.4"], "--threshold cannot act without --report or --figures: it acts only with --report"),
+        (["--dry-run", "--baseline", "dppo"], "--baseline cannot act without --report or --figures"),
+        (["--figures", "f", "--baseline", "dppo"], "--baseline cannot act with --figures: it acts only with --report"),
+        (["--report", "--name", "rare"], "--name cannot act with --report: it acts only with --figures"),
+        (["--figures="], "--figures names the folder"),
+    ],
+    bandit: [
+        (["--report", "--cells", "issue"], "--cells cannot act with --report"),
+        (["--figures", "f", "--vocab", "2000"], "--vocab cannot act with --figures"),
+        (["--report", "--steps", "20"], "--steps cannot act with --report"),  # a default typed is given
+        (["--report", "--dry-run"], "--dry-run cannot act with --report"),
+        (["--figures", ""], "--figures names the folder"),
+    ],
+    run: [
+        (["--calibrate", "--dry-run"], "--dry-run cannot act with --calibrate: it acts only without --calibrate"),
+        (["--calibrate", "--seeds", "1"], "--seeds cannot act with --calibrate"),
+        (["--calibrate", "--jobs", "2"], "--jobs cannot act with --calibrate"),
+        (["--calibrate", "--limit", "2"], "--limit cannot act with --calibrate"),
+        (["--calibrate", "--results", "r.jsonl"], "--results cannot act with --calibrate"),
+        (["--dry-run", "--limit", "144"], "--limit 144 cannot act: the grid has 144 runs"),
+        (["--dry-run", "--seeds", "0", "--variants", "cispo", "--limit", "12"], "the grid has 12 runs"),
+    ],
+}
+
+
+@pytest.mark.parametrize(("module", "argv", "words"), [(m, a, w) for m, cases in INERT.items() for a, w in cases])
+def test_a_flag_that_cannot_act_in_the_commands_mode_is_refused(module, argv, words, capsys):
+    with pytest.raises(SystemExit) as refused_:
+        module.parse(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert refused_.value.code == 2 and len(err) == 1 and words in err[0], err
+
+
+# The flags that act in these modes: accepted (a refusal is only for a flag that cannot act)
+ACTING = {
+    offpolicy: [["--report", "--results", "r.jsonl", "--threshold", "0.5", "--baseline", "dppo"],
+                ["--figures", "f", "--name", "n", "--threshold", "0.3"], ["--report", "--figures", "f", "--name", "n"],
+                ["--dry-run", "--jobs", "2", "--task", "rare", "--vocab_size", "300", "--out", "runs/x"]],
+    bandit: [["--report", "--figures", "f", "--results", "r.jsonl"], ["--dry-run", "--jobs", "2", "--vocab", "2000"]],
+    run: [["--calibrate", "--out", "runs/x", "--lrs", "1e-3", "--steps", "2", "--variants", "ppo_clip"],
+          ["--dry-run", "--limit", "143", "--jobs", "2", "--results", "r.jsonl"], ["--limit", "0"]],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("module", "argv"), [(m, a) for m, cases in ACTING.items() for a in cases])
+def test_a_flag_that_acts_in_the_commands_mode_is_accepted(module, argv):
+    module.parse(argv)
+
+
+def documented(path: Path) -> list[list[str]]:
+    """The study commands (`python -m study.X ...`) in a markdown file's lines or a module's docstring, continued
+    lines joined, comments dropped and the shell variables set before them ($R, $S, ...) expanded."""
+    text = path.read_text()
+    if path.suffix == ".py":
+        text = text.split('"""')[1].replace("\\\\", "\\")
+    commands, env, lines = [], {}, [line.strip() for line in text.splitlines()]
+    for i, line in enumerate(lines):
+        if m := re.fullmatch(r'([A-Z])="(.*)"', line):
+            env[m[1]] = m[2]
+        if not line.startswith("python -m study.") or (i and lines[i - 1].endswith("\\")):
+            continue
+        while line.endswith("\\"):
+            i += 1
+            line = line[:-1] + " " + lines[i]
+        line = re.sub(r"\$([A-Z])\b", lambda m: env[m[1]], line.split(" #")[0])
+        commands.append(shlex.split(line)[2:])
+    return commands
+
+
+# docs/results.md's `--report --name rare --baseline dppo`: --name acts only with --figures (the line drops it)
+STALE = {"--results study/rare.jsonl --report --name rare --baseline dppo"}
+
+
+@pytest.mark.parametrize(
+    "path", ["study/README.md", "docs/results.md", "study/run.py", "study/offpolicy.py", "study/bandit.py"]
+)
+def test_every_documented_study_command_is_accepted(path):
+    """The study commands the docs and the modules' docstrings give parse (study.figures has no mode flags; the
+    README names the studies without their flags)."""
+    modules = {"study.run": run, "study.offpolicy": offpolicy, "study.bandit": bandit}
+    assert (commands := documented(ROOT / path))
+    for module, *argv in commands:
+        if module in modules and " ".join(argv) not in STALE:
+            modules[module].parse(argv)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("module", "argv", "words"),
+    [
+        ("study.offpolicy", ["--report", "--sources", "none"], ["--sources cannot act with --report"]),
+        ("study.offpolicy", ["--figures", "figs", "--baseline", "dppo"], ["--baseline", "only with --report"]),
+        ("study.offpolicy", ["--dry-run", "--threshold", "0.4"], ["--threshold", "only with --report or with"]),
+        ("study.bandit", ["--report", "--figures", "figs", "--cells", "issue"], ["--cells cannot act with --report"]),
+        ("study.run", ["--calibrate", "--dry-run", "--steps", "1", "--eval_every", "1", "--sft_steps", "1",
+                       "--eval_size", "2", "--out", "runs"], ["--dry-run cannot act with --calibrate"]),
+        ("study.run", ["--dry-run", "--limit", "500", "--out", "runs"], ["--limit 500 cannot act", "has 144 runs"]),
+    ],
+)  # fmt: skip
+def test_a_flag_that_cannot_act_is_refused_in_one_line_before_anything_is_written(tmp_path, module, argv, words):
+    """Through the real commands: the refusal names the flag and where it acts; the results file is as it was and
+    nothing else is written (no figures, no run folder, no calibration)."""
+    path = tmp_path / "results.jsonl"
+    if module == "study.bandit":  # the committed rows of one cell, the baseline's among them
+        rows = [r for r in read_jsonl(ROOT / "study" / "bandit.jsonl") if r["cell"] == "issue"][:20]
+    else:
+        rows = offpolicy_rows(("troll", "ppo_clip"), (0, 1)) if module == "study.offpolicy" else synthetic_rows()
+    path.write_text(text := "".join(json.dumps(r) + "\n" for r in rows))
+    argv = [str(tmp_path / a) if a in ("figs", "runs") else a for a in argv]
+    where = [] if "--calibrate" in argv else ["--results", str(path)]  # --calibrate reads no results file
+    refused(command("-m", module, *where, *argv), *words)
+    assert path.read_text() == text and [p.name for p in tmp_path.iterdir()] == ["results.jsonl"]
