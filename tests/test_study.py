@@ -433,10 +433,6 @@ def documented(path: Path) -> list[list[str]]:
     return commands
 
 
-# docs/results.md's `--report --name rare --baseline dppo`: --name acts only with --figures (the line drops it)
-STALE = {"--results study/rare.jsonl --report --name rare --baseline dppo"}
-
-
 @pytest.mark.parametrize(
     "path", ["study/README.md", "docs/results.md", "study/run.py", "study/offpolicy.py", "study/bandit.py"]
 )
@@ -446,7 +442,7 @@ def test_every_documented_study_command_is_accepted(path):
     modules = {"study.run": run, "study.offpolicy": offpolicy, "study.bandit": bandit}
     assert (commands := documented(ROOT / path))
     for module, *argv in commands:
-        if module in modules and " ".join(argv) not in STALE:
+        if module in modules:
             modules[module].parse(argv)
 
 

@@ -165,6 +165,7 @@ def base_source(cfg: Any, out: str | Path) -> str:
     own = Path(out) / "base"
     config = own / "config.json"
     if not config.is_file():
-        what = f"{own} is missing" if not own.exists() else f"{config} is {'not a file' if config.exists() else 'missing'}"
+        state = "not a file" if config.exists() else "missing"
+        what = f"{own} is missing" if not own.exists() else f"{config} is {state}"
         raise ValueError(f"{what}: the LoRA run's adapters are trained on that base; restore it, or start a new run")
     return str(own)
