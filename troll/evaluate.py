@@ -263,8 +263,10 @@ def main(argv: list[str] | None = None) -> dict:
             fail(f"--{flag} must not be empty")
     if args.out is not None and not args.out.strip():
         fail("--out must not be empty (leave it out for evals/<model name>)")
-    if args.limit is not None and not 1 <= args.limit <= sys.maxsize:
-        fail(f"--limit must be between 1 and {sys.maxsize}, got {args.limit}")
+    if args.limit is not None and args.limit < 1:
+        fail(f"--limit must be >= 1, got {args.limit}")
+    if args.limit is not None and args.limit > sys.maxsize:
+        fail(f"--limit must be at most {sys.maxsize} (leave it out for every row), got {args.limit}")
     if args.max_new_tokens < 1:
         fail(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     out = Path(args.out or Path("evals") / Path(args.model).name)
