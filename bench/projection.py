@@ -181,7 +181,7 @@ def measure(fn, args, device: str) -> dict:
 
 
 def main() -> None:
-    ap = Parser(description=__doc__.split("\n")[0])
+    ap = Parser(prog="python bench/projection.py", description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int_at_least(1), default=4096, help="tokens")
     ap.add_argument("--v", type=int_at_least(2), default=151_936, help="vocabulary size")
     ap.add_argument("--repeats", type=int_at_least(1), default=3, help="measured rounds (after a small warm-up)")

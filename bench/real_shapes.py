@@ -299,7 +299,7 @@ def summary(by: dict) -> None:
 
 
 def main() -> None:
-    ap = Parser(description=__doc__.splitlines()[0])
+    ap = Parser(prog="python bench/real_shapes.py", description=__doc__.splitlines()[0])
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--plan", default="default", choices=["quick", "default", "full"])
     ap.add_argument("--models", type=comma_list(MODELS), help="comma list of " + ",".join(MODELS))

@@ -1,7 +1,7 @@
 """What per-token records (troll.records) cost a run: one RL step with records and without, paired, on tiny-cpu.
 
-    python -m bench.records                     # tiny-cpu preset, 10 rounds
-    python -m bench.records --repeats 20 --records_samples 8
+    python bench/records.py                   # tiny-cpu preset, 10 rounds
+    python bench/records.py --repeats 20 --records_samples 8
 
 Each round starts both variants from the same weights, optimiser and scheduler state (restored from a snapshot,
 untimed) and the same step index, so both sample the same rollouts; `off` runs `troll.train.rl_step` as the loop
@@ -43,7 +43,7 @@ COMPARED = ("reward", "policy", "regression", "kl_before_mean", "kl_after_max", 
 
 
 def main() -> None:
-    ap = Parser(description=__doc__.split("\n")[0],
+    ap = Parser(prog="python bench/records.py", description=__doc__.split("\n")[0],
                 epilog="Other flags go to troll.config.Config (e.g. --records_samples 8).")  # fmt: skip
     ap.add_argument("--repeats", type=int_at_least(1), default=10, help="measured rounds (each runs both)")
     ap.add_argument("--warmup", type=int_at_least(0), default=1, help="untimed rounds first")

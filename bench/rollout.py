@@ -110,7 +110,7 @@ def timed(gen, prompts: list[list[int]], args: argparse.Namespace, k: int, seed:
 
 
 def main() -> None:
-    p = Parser(description=__doc__.split("\n")[0])
+    p = Parser(prog="python bench/rollout.py", description=__doc__.split("\n")[0])
     p.add_argument("--prompts", type=int_at_least(1), default=64)
     p.add_argument("--n", type=int_at_least(1), default=8, help="samples per prompt")
     p.add_argument("--max-new", type=int_at_least(1), default=256)

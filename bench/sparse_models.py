@@ -35,7 +35,7 @@ from troll.tiny import tiny_llama, train_tokenizer  # noqa: E402
 
 
 def main() -> None:
-    ap = Parser(description=__doc__.splitlines()[0])
+    ap = Parser(prog="python bench/sparse_models.py", description=__doc__.splitlines()[0])
     ap.add_argument("--noise", type=positive_float, default=1e-4, help="std of the weight perturbation")
     ap.add_argument("--k", type=int_at_least(1), default=64)
     ap.add_argument("--delta", type=float, default=1e-5)

@@ -130,7 +130,9 @@ def restore(snap: dict, model, opt, sched) -> None:
 
 def main() -> None:
     ap = Parser(
-        description=__doc__.split("\n")[0], epilog="Other flags go to troll.config.Config (e.g. --backend vllm)."
+        prog="python bench/step.py",
+        description=__doc__.split("\n")[0],
+        epilog="Other flags go to troll.config.Config (e.g. --backend vllm).",
     )
     ap.add_argument("--repeats", type=int_at_least(1), default=10, help="measured rounds (each runs both variants)")
     ap.add_argument("--warmup", type=int_at_least(0), default=2, help="untimed rounds first")

@@ -256,7 +256,7 @@ def spawn(o: dict) -> dict:
 
 
 def main() -> None:
-    ap = Parser(description=__doc__.split("\n")[0])
+    ap = Parser(prog="python bench/trl_compare.py", description=__doc__.split("\n")[0])
     ap.add_argument(
         "--rounds", type=int_at_least(1), default=4, help="each round runs every side once, in a fresh process"
     )

@@ -119,7 +119,8 @@ def abbreviation(help_text: str) -> str:
 @pytest.mark.parametrize("module", COMMANDS)
 def test_every_command_refuses_an_abbreviation_and_an_unknown_flag_in_one_line(module):
     """`--help` prints the usage (exit 0); an abbreviation of its longest flag and `--no-such-flag` are each one
-    line naming the flag (exit 2). The two refusals run at once, one per core."""
+    line naming the flag (exit 2) after the command's own name, as its other refusals give it. The two refusals run
+    at once, one per core."""
     helped = run(module, "--help")
     out, err = helped.communicate(timeout=300)
     assert helped.returncode == 0 and out.startswith("usage:"), (module, err[-2000:])
@@ -130,6 +131,8 @@ def test_every_command_refuses_an_abbreviation_and_an_unknown_flag_in_one_line(m
         line = one_line(err)
         named = ": error: " in line and flag in line and "--help lists the flags" in line
         assert proc.returncode == 2 and named, (module, flag, line)
+        script = f"python {module.replace('.', '/')}.py"  # a benchmark is run as a script, the rest as modules
+        assert line.split(": error: ")[0] == (script if module.startswith("bench.") else f"python -m {module}")
 
 
 # ------------------------------------------------------------------------------------------------ the boundary
