@@ -331,5 +331,5 @@ def main() -> None:
     report(results)
 
 
-if __name__ == "__main__":  # Ctrl-C: one line, exit 130
+if __name__ == "__main__":  # Ctrl-C: one line, then SIGINT
     run_command("python bench/real_shapes.py", main)

@@ -79,5 +79,5 @@ def main() -> None:
     )
 
 
-if __name__ == "__main__":  # Ctrl-C: one line, exit 130
+if __name__ == "__main__":  # Ctrl-C: one line, then SIGINT
     run_command("python bench/sparse_models.py", main)

@@ -6,7 +6,7 @@ fails. The table of entry points, what a user gets wrong and what each does is d
 - a run's log (metrics.jsonl, samples.jsonl) damaged: resume repairs it, says so, and the run goes on; a file that
   decides (config.json, summary.json, checkpoints/latest) missing or damaged: written again from the checkpoint, or
   one line naming the file and the command that continues;
-- Ctrl-C: one line with the command that continues, exit 130;
+- Ctrl-C: one line with the command that continues, the process ended by SIGINT (a shell's status 130);
 - a study's results file torn or listing a run twice with different results: one line naming the file;
 - a setting troll_loss would refuse is refused by TROLLConfig when it is given; a support listing a token twice is
   refused by sparsify_topk.
@@ -202,7 +202,7 @@ def test_ctrl_c_says_how_to_continue(tmp_path):
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=300)
     result = subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
-    one_line(result, 130, "interrupted", f"python -m troll.train --out {out} --resume true")
+    one_line(result, -signal.SIGINT, "interrupted", f"python -m troll.train --out {out} --resume true")
 
 
 @pytest.mark.slow
@@ -216,7 +216,7 @@ def test_ctrl_c_says_how_to_continue(tmp_path):
 )
 def test_ctrl_c_in_the_check_and_a_benchmark_is_one_line(tmp_path, argv, prog):
     """Ctrl-C in the middle of the acceptance check or a benchmark (its first line printed, or its run folder made:
-    past the imports, into the work, however loaded the machine): one line, exit 130, no traceback."""
+    past the imports, into the work, however loaded the machine): one line, ended by SIGINT, no traceback."""
     argv = [sys.executable, *(a.format(tmp=tmp_path) for a in argv)]
     proc = subprocess.Popen(
         argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=as_from_a_shell
@@ -231,13 +231,13 @@ def test_ctrl_c_in_the_check_and_a_benchmark_is_one_line(tmp_path, argv, prog):
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=300)
     assert first != ""  # the benchmark was at work, not finished
-    one_line(subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr), 130, prog, "interrupted")
+    one_line(subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr), -signal.SIGINT, prog, "interrupted")
 
 
 @pytest.mark.slow
 def test_ctrl_c_in_the_checks_child_process_is_one_line(tmp_path):
     """Ctrl-C as a terminal (or `timeout --signal=INT`) sends it, to the whole process group, while the check's
-    watched run works in its child process: one line, exit 130, no traceback from either process."""
+    watched run works in its child process: one line, ended by SIGINT, no traceback from either process."""
     argv = [sys.executable, "-m", "troll.check", "--shape", "tiny", "--backend", "hf", "--out", str(tmp_path / "c")]
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=as_from_a_shell, start_new_session=True)  # fmt: skip
@@ -246,7 +246,9 @@ def test_ctrl_c_in_the_checks_child_process_is_one_line(tmp_path):
         time.sleep(0.2)  # the child has started the run
     os.killpg(proc.pid, signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=300)
-    one_line(subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr), 130, "troll.check", "interrupted")
+    one_line(
+        subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr), -signal.SIGINT, "troll.check", "interrupted"
+    )
 
 
 # ------------------------------------------------------------------------------------------ study results files

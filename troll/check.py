@@ -505,4 +505,4 @@ if __name__ == "__main__":
         except KeyboardInterrupt:
             sys.exit(INTERRUPTED)
         sys.exit(0)
-    run_command("python -m troll.check", lambda: main(sys.argv[1:], CLI_ARGS))  # Ctrl-C: one line, exit 130
+    run_command("python -m troll.check", lambda: main(sys.argv[1:], CLI_ARGS))  # Ctrl-C: one line, then SIGINT

@@ -1,7 +1,7 @@
 """What every command does with a problem the user fixes, and with Ctrl-C: one line on stderr, never a traceback.
 
     if __name__ == "__main__":
-        run_command("python -m troll.plot", main)           # exit 2 on a user's problem, 130 on Ctrl-C, 1 on a bug
+        run_command("python -m troll.plot", main)           # exit 2 on a user's problem, 1 on a bug, SIGINT on Ctrl-C
         run_command("python -m troll.train", lambda: train(cfg), resume="python -m troll.train --out x --resume true")
 
 - `UsageError` (and troll.harness.RunError, one of them) is a problem with the arguments, files or environment that
@@ -19,7 +19,11 @@
 - A closed pipe on stdout (`python -m troll.inspect RUN | head`) ends quietly with 141, as a shell reports a command
   stopped by SIGPIPE.
 - Ctrl-C (KeyboardInterrupt) prints `<prog>: interrupted` with the command that continues, if there is one, and
-  exits 130 (128 + SIGINT, what a shell reports for a command stopped by Ctrl-C).
+  the process then ends by SIGINT after Python's normal shutdown, as an uncaught KeyboardInterrupt ends it: a shell
+  reports 130, and a shell loop over runs (`for s in 1 2 3; do python -m troll.train ...; done`) stops too, which
+  it does not after a plain exit 130 (bash takes that as a Ctrl-C the command handled). Always so, not only when
+  CPython decides it: a KeyboardInterrupt that passes through code an extension evaluates (pybind11's `py::exec`)
+  makes CPython end a `python -m` run by SIGINT even after a SystemExit(130).
 - Every command's flags are parsed by `Parser` (argparse.ArgumentParser, subparsers included): a flag is never
   abbreviated (`--step 5` is refused, not taken as `--steps 5`), and a refused flag is the same one line, with
   `(<prog> --help lists the flags)` added, not argparse's usage block; `--help` prints the full help.
@@ -42,7 +46,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-INTERRUPTED = 130  # the shell's exit status for a process stopped by SIGINT
+INTERRUPTED = 130  # the shell's exit status for a process stopped by SIGINT (troll.check's child exits with it)
 BROKEN_PIPE = 141  # the shell's for one stopped by SIGPIPE: its output's reader closed the pipe (`| head`)
 
 
@@ -67,7 +71,8 @@ def run_command(prog: str, main: Callable[[], Any], resume: str | None = None) -
     except KeyboardInterrupt:
         then = f"; continue with: {resume}" if resume else ""
         print(f"\n{prog}: interrupted{then}", file=sys.stderr)
-        raise SystemExit(INTERRUPTED) from None
+        sys.excepthook = quiet_interrupt  # the line above is all it says; CPython then ends the process by SIGINT
+        raise
     except BrokenPipeError:  # stdout's reader has gone (`... | head`): nothing more to say, and no one to hear it
         with contextlib.suppress(OSError, ValueError):  # Python's flush at exit would fail again: stdout to devnull
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -83,6 +88,13 @@ def run_command(prog: str, main: Callable[[], Any], resume: str | None = None) -
         )
         raise SystemExit(1) from None
     raise SystemExit(status if isinstance(status, int) else 0)
+
+
+def quiet_interrupt(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+    """sys.excepthook once `run_command` has said a Ctrl-C: nothing more for the KeyboardInterrupt (no traceback),
+    any other exception as Python prints it."""
+    if not issubclass(kind, KeyboardInterrupt):
+        sys.__excepthook__(kind, value, tb)
 
 
 def expected(e: BaseException, resume: str | None = None) -> str | None:

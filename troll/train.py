@@ -349,6 +349,6 @@ def main(cfg: Config) -> None:
     train(cfg)
 
 
-if __name__ == "__main__":  # a RunError: one line, exit 2; Ctrl-C: the command that continues the run, exit 130
+if __name__ == "__main__":  # a RunError: one line, exit 2; Ctrl-C: the command that continues the run, then SIGINT
     resume = f"python -m troll.train --out {shlex.quote(CLI_CONFIG.out)} --resume true"
     run_command("python -m troll.train", lambda: main(CLI_CONFIG), resume=resume)
