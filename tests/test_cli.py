@@ -246,12 +246,13 @@ import ctypes, time
 from troll.cli import run_command
 
 def main():
-    print("ready", flush=True)
     if "{where}" == "embedded":  # in code an extension evaluates, as pybind11's py::exec does
         run = ctypes.pythonapi.PyRun_String
         run.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.py_object, ctypes.py_object]
         run.restype = ctypes.py_object
-        run(b"import time; time.sleep(60)", 257, {{}}, {{}})  # 257: Py_file_input
+        # "ready" from inside: a SIGINT that lands while CPython compiles the string can be lost there
+        run(b"import time; print('ready', flush=True); time.sleep(60)", 257, {{}}, {{}})  # 257: Py_file_input
+    print("ready", flush=True)
     time.sleep(60)
 
 run_command("python -m interruptible", main)
@@ -267,7 +268,11 @@ def interrupted(tmp_path, argv: list[str], where: str) -> subprocess.CompletedPr
                             preexec_fn=as_from_a_shell, start_new_session=True)  # fmt: skip
     assert proc.stdout.readline() == "ready\n"
     os.killpg(proc.pid, signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=60)
+    try:
+        stdout, stderr = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:  # no orphan left sleeping, and what it said
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise AssertionError(f"still running 60 s after Ctrl-C: {proc.communicate()[1]}") from None
     return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
 
 
