@@ -22,8 +22,8 @@
   the process then ends by SIGINT after Python's normal shutdown, as an uncaught KeyboardInterrupt ends it: a shell
   reports 130, and a shell loop over runs (`for s in 1 2 3; do python -m troll.train ...; done`) stops too, which
   it does not after a plain exit 130 (bash takes that as a Ctrl-C the command handled). Always so, not only when
-  CPython decides it: a KeyboardInterrupt that passes through code an extension evaluates (pybind11's `py::exec`)
-  makes CPython end a `python -m` run by SIGINT even after a SystemExit(130).
+  CPython decides it: a KeyboardInterrupt that passes through Python source an extension runs (PyRun_String, as
+  pybind11's `py::exec` does) makes CPython end a `python -m` run by SIGINT even after a SystemExit(130).
 - Every command's flags are parsed by `Parser` (argparse.ArgumentParser, subparsers included): a flag is never
   abbreviated (`--step 5` is refused, not taken as `--steps 5`), and a refused flag is the same one line, with
   `(<prog> --help lists the flags)` added, not argparse's usage block; `--help` prints the full help.
