@@ -296,4 +296,4 @@ def test_bench_runs_as_a_module_and_as_a_file(name, tmp_path):
     ]
     for proc in procs:
         out, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0 and out.startswith(f"usage: {name}.py"), (proc.args, err[-2000:])
+        assert proc.returncode == 0 and out.startswith(f"usage: python bench/{name}.py"), (proc.args, err[-2000:])
