@@ -48,6 +48,7 @@ from pathlib import Path
 
 from study.bandit_sim import TARGETS, THRESHOLD, Cell, simulate
 from study.runner import (
+    REPORT_MODES,
     grid_problem,
     inert_flag,
     paired_diffs,
@@ -55,6 +56,7 @@ from study.runner import (
     pm,
     read_results,
     refuse_other_settings,
+    report_modes,
     report_rows,
     run_all,
     save,
@@ -333,18 +335,13 @@ def plot_curves(rows: Sequence[dict], out: Path, cell: str = "issue") -> Path:
 # ----------------------------------------------------------------------------- the command
 
 
-# The command's modes, each as the refusal names what chooses it (study.runner.inert_flag)
-MODES = {"run": "without --report or --figures", "report": "with --report", "figures": "with --figures"}
+# The command's modes (run, report, figures) and which are on: study.runner's, shared with the other such study
+MODES, modes = REPORT_MODES, report_modes
 # Each flag that acts in some modes only -> those modes (the others, --results, --report and --figures, act in
 # every mode): the report and the figures read the results file, not the grid's flags.
 ACTS = dict.fromkeys(
     ("--cells", "--variants", "--seeds", "--steps", "--samples", "--vocab", "--jobs", "--dry-run"), ("run",)
 )
-
-
-def modes(args: argparse.Namespace) -> list[str]:
-    """The modes the command runs in: --report and / or --figures, or else a run (or --dry-run)."""
-    return [m for m, on in (("report", args.report), ("figures", args.figures is not None)) if on] or ["run"]
 
 
 def parser() -> Parser:

@@ -94,11 +94,13 @@ from study.offpolicy_report import (
     report_lora,
 )
 from study.runner import (
+    REPORT_MODES,
     grid_problem,
     inert_flag,
     plan,
     read_results,
     refuse_other_settings,
+    report_modes,
     report_rows,
     run_all,
     t_interval,  # noqa: F401  (docs/results.md names it study.offpolicy.t_interval)
@@ -205,8 +207,8 @@ def execute(run: Run, cfg: Config) -> dict:
 # ----------------------------------------------------------------------------- the command
 
 
-# The command's modes, each as the refusal names what chooses it (study.runner.inert_flag)
-MODES = {"run": "without --report or --figures", "report": "with --report", "figures": "with --figures"}
+# The command's modes (run, report, figures) and which are on: study.runner's, shared with the other such study
+MODES, modes = REPORT_MODES, report_modes
 RUN_FLAGS = ("--task", "--vocab_size", "--out", "--sources", "--anchors", "--losses", "--settings", "--lrs", "--seeds",
              "--steps", "--eval_size", "--sft_steps", "--jobs", "--dry-run")  # fmt: skip
 # Each flag that acts in some modes only -> those modes (the others, --results, --report and --figures, act in
@@ -218,11 +220,6 @@ ACTS = {
     "--baseline": ("report",),
     "--name": ("figures",),
 }
-
-
-def modes(args: argparse.Namespace) -> list[str]:
-    """The modes the command runs in: --report and / or --figures, or else a run (or --dry-run)."""
-    return [m for m, on in (("report", args.report), ("figures", args.figures is not None)) if on] or ["run"]
 
 
 def parser() -> Parser:

@@ -281,6 +281,15 @@ def grid_problem(
     return ""
 
 
+# The modes of a study that runs, reports or draws (bandit, offpolicy), each as the refusal names what chooses it
+REPORT_MODES = {"run": "without --report or --figures", "report": "with --report", "figures": "with --figures"}
+
+
+def report_modes(args: argparse.Namespace) -> list[str]:
+    """The modes of such a study's command: --report and / or --figures, or else a run (or --dry-run)."""
+    return [m for m, on in (("report", args.report), ("figures", args.figures is not None)) if on] or ["run"]
+
+
 def given(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> list[str]:
     """The flags typed in `argv` (sys.argv[1:] when None), each once in the order typed, by its long name:
     `--flag value` and `--flag=value` alike, nothing after `--`. A flag left at its default is not given, even
