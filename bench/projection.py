@@ -80,6 +80,8 @@ from troll.cli import Parser, run_command
 from troll.losses import ppo_clip, troll_loss  # noqa: E402
 from troll.sparse import sparsify  # noqa: E402
 
+PROG = "python bench/projection.py"  # the name in each of its lines, argparse's own and run_command's
+
 EPS, CLIP, K, DELTA = 0.05, 0.2, 64, 1e-5
 TARGET_TIME, TARGET_MEMORY = 1.10, 1.05  # troll / clip (same gather)
 GB = 1e9
@@ -181,7 +183,7 @@ def measure(fn, args, device: str) -> dict:
 
 
 def main() -> None:
-    ap = Parser(prog="python bench/projection.py", description=__doc__.split("\n")[0])
+    ap = Parser(prog=PROG, description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int_at_least(1), default=4096, help="tokens")
     ap.add_argument("--v", type=int_at_least(2), default=151_936, help="vocabulary size")
     ap.add_argument("--repeats", type=int_at_least(1), default=3, help="measured rounds (after a small warm-up)")
@@ -281,4 +283,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":  # Ctrl-C: one line, exit 130
-    run_command("python bench/projection.py", main)
+    run_command(PROG, main)

@@ -79,6 +79,8 @@ from troll.policy import packed_logits  # noqa: E402
 from troll.sparse import sparsify  # noqa: E402
 from troll.standin import ARCHS, build  # noqa: E402
 
+PROG = "python bench/real_shapes.py"  # the name in each of its lines, argparse's own and run_command's
+
 MODELS = {name: arch for name, arch in ARCHS.items() if name != "tiny"}  # the published shapes (troll.standin)
 LORA_ALPHA = 32.0  # the adapters' scale; B = 0 at the start, so it changes no memory
 COUNT_ADAM = {"qwen2.5-1.5b"}  # AdamW states counted, not allocated (module docstring)
@@ -299,7 +301,7 @@ def summary(by: dict) -> None:
 
 
 def main() -> None:
-    ap = Parser(prog="python bench/real_shapes.py", description=__doc__.splitlines()[0])
+    ap = Parser(prog=PROG, description=__doc__.splitlines()[0])
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--plan", default="default", choices=["quick", "default", "full"])
     ap.add_argument("--models", type=comma_list(MODELS), help="comma list of " + ",".join(MODELS))
@@ -332,4 +334,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":  # Ctrl-C: one line, then SIGINT
-    run_command("python bench/real_shapes.py", main)
+    run_command(PROG, main)

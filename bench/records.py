@@ -39,11 +39,13 @@ from troll.records import Recorder, row_bytes_bound  # noqa: E402
 from troll.task import load_task  # noqa: E402
 from troll.warmstart import warm_start_task  # noqa: E402
 
+PROG = "python bench/records.py"  # the name in each of its lines, argparse's own and run_command's
+
 COMPARED = ("reward", "policy", "regression", "kl_before_mean", "kl_after_max", "frac_active", "grad_norm")
 
 
 def main() -> None:
-    ap = Parser(prog="python bench/records.py", description=__doc__.split("\n")[0],
+    ap = Parser(prog=PROG, description=__doc__.split("\n")[0],
                 epilog="Other flags go to troll.config.Config (e.g. --records_samples 8).")  # fmt: skip
     ap.add_argument("--repeats", type=int_at_least(1), default=10, help="measured rounds (each runs both)")
     ap.add_argument("--warmup", type=int_at_least(0), default=1, help="untimed rounds first")
@@ -92,4 +94,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_command("python bench/records.py", main)
+    run_command(PROG, main)

@@ -67,6 +67,8 @@ from troll.rollout import HFGenerator, Rollouts  # noqa: E402
 from troll.tiny import save_tiny, tiny_llama, train_tokenizer  # noqa: E402
 from troll.vllm_engine import VLLMGenerator  # noqa: E402
 
+PROG = "python bench/rollout.py"  # the name in each of its lines, argparse's own and run_command's
+
 
 def corpus(n_sentences: int, seed: int = 0) -> list[str]:
     """Sentences of random lower-case words (a 4,000-word lexicon), enough to fill a few thousand BPE merges."""
@@ -110,7 +112,7 @@ def timed(gen, prompts: list[list[int]], args: argparse.Namespace, k: int, seed:
 
 
 def main() -> None:
-    p = Parser(prog="python bench/rollout.py", description=__doc__.split("\n")[0])
+    p = Parser(prog=PROG, description=__doc__.split("\n")[0])
     p.add_argument("--prompts", type=int_at_least(1), default=64)
     p.add_argument("--n", type=int_at_least(1), default=8, help="samples per prompt")
     p.add_argument("--max-new", type=int_at_least(1), default=256)
@@ -220,4 +222,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":  # Ctrl-C: one line, exit 130
-    run_command("python bench/rollout.py", main)
+    run_command(PROG, main)

@@ -33,9 +33,11 @@ from troll.project import project_sparse  # noqa: E402
 from troll.sparse import SUPPORTS, build_support, sparsify, support_kl  # noqa: E402
 from troll.tiny import tiny_llama, train_tokenizer  # noqa: E402
 
+PROG = "python bench/sparse_models.py"  # the name in each of its lines, argparse's own and run_command's
+
 
 def main() -> None:
-    ap = Parser(prog="python bench/sparse_models.py", description=__doc__.splitlines()[0])
+    ap = Parser(prog=PROG, description=__doc__.splitlines()[0])
     ap.add_argument("--noise", type=positive_float, default=1e-4, help="std of the weight perturbation")
     ap.add_argument("--k", type=int_at_least(1), default=64)
     ap.add_argument("--delta", type=float, default=1e-5)
@@ -80,4 +82,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":  # Ctrl-C: one line, then SIGINT
-    run_command("python bench/sparse_models.py", main)
+    run_command(PROG, main)

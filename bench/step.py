@@ -73,6 +73,8 @@ from troll.policy import build_model  # noqa: E402
 from troll.task import load_task  # noqa: E402
 from troll.warmstart import warm_start_task  # noqa: E402
 
+PROG = "python bench/step.py"  # the name in each of its lines, argparse's own and run_command's
+
 PHASES = ("generate", "score", "old_policy", "update", "sync")
 VARIANTS = {
     "troll": {"loss": "troll"},
@@ -130,7 +132,7 @@ def restore(snap: dict, model, opt, sched) -> None:
 
 def main() -> None:
     ap = Parser(
-        prog="python bench/step.py",
+        prog=PROG,
         description=__doc__.split("\n")[0],
         epilog="Other flags go to troll.config.Config (e.g. --backend vllm).",
     )
@@ -250,4 +252,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":  # Ctrl-C: one line, exit 130
-    run_command("python bench/step.py", main)
+    run_command(PROG, main)

@@ -71,6 +71,8 @@ if not __package__:  # run as a file (python bench/x.py): the repository root on
 from bench._util import cpu_user, int_at_least, median, parity_reward, positive_float, ratio  # noqa: E402
 from troll.cli import Parser, run_command
 
+PROG = "python bench/trl_compare.py"  # the name in each of its lines, argparse's own and run_command's
+
 INSTALL = 'pip install -e ".[trl]"  (trl>=1.16,<1.17)'
 SIDES = ("troll", "troll_clip", "trl", "trl_troll")
 MB = 2**20
@@ -256,7 +258,7 @@ def spawn(o: dict) -> dict:
 
 
 def main() -> None:
-    ap = Parser(prog="python bench/trl_compare.py", description=__doc__.split("\n")[0])
+    ap = Parser(prog=PROG, description=__doc__.split("\n")[0])
     ap.add_argument(
         "--rounds", type=int_at_least(1), default=4, help="each round runs every side once, in a fresh process"
     )
@@ -365,4 +367,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":  # Ctrl-C: one line, exit 130
-    run_command("python bench/trl_compare.py", main)
+    run_command(PROG, main)
