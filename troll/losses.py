@@ -85,14 +85,19 @@ def aggregate(x: Tensor, mask: Tensor, mode: str = "token-mean", norm_len: int |
         raise ValueError(f"norm_len must be a positive integer or None, got {norm_len!r}")
     mask = mask.bool()
     per_seq = torch.where(mask, x, 0.0).sum(-1)  # [B]
-    if mode == "token-mean":
-        return per_seq.sum() / mask.sum().clamp_min(1)
-    length = mask.sum(-1)
     if mode == "seq-mean-token-mean":
-        per_seq = per_seq / length.clamp_min(1)
-    else:  # seq-mean-token-sum-norm
+        per_seq = per_seq / mask.sum(-1).clamp_min(1)
+    elif mode == "seq-mean-token-sum-norm":
         per_seq = per_seq / (norm_len or max(x.shape[-1], 1))
-    return per_seq.sum() / (length > 0).sum().clamp_min(1)
+    return per_seq.sum() / aggregate_count(mask, mode).clamp_min(1)
+
+
+def aggregate_count(mask: Tensor, mode: str = "token-mean") -> Tensor:
+    """What `aggregate` divides by for mask [B, T] (a long scalar): the real tokens (token-mean), or the responses
+    with at least one real token (the per-sequence modes). Rows split into parts, the aggregate of the whole is the
+    sum of each part's aggregate times count(part) / count(whole) (troll.train's micro-batches)."""
+    mask = mask.bool()
+    return mask.sum() if mode == "token-mean" else mask.any(-1).sum()
 
 
 def default_agg(level: str) -> str:

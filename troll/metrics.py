@@ -4,8 +4,9 @@
     key ending in "_min"   the min over the parts
     any other key          the mean weighted by each part's weight (equal weights: the plain mean)
 
-A part without a key does not count for it. troll.train weights micro-batches by their share of the minibatch
-(the same shares that weight their losses); troll.integrations.trl gives every process weight 1.
+A part without a key does not count for it. troll.train weights a micro-batch's loss terms (policy, regression)
+by the shares that weight its loss, and its other metrics, means over real tokens, by its share of the minibatch's
+real tokens; troll.integrations.trl gives every process weight 1.
 
 And where rows go besides metrics.jsonl (`--log_to`): `Logger`, TensorBoard or Weights & Biases, each imported
 only when asked for; `logger_missing` says at parse time when the package is not installed.

@@ -53,7 +53,7 @@ from troll.cli import run_command
 from troll.diagnostics import StepTimer, UpdateKL, step_row
 from troll.harness import Run, RunError, check_sources, starting
 from troll.lora import base_source, base_weights, check_targets, is_adapter_checkpoint, owns_base, unwrap
-from troll.losses import LOSSES
+from troll.losses import LOSSES, aggregate_count
 from troll.metrics import merge
 from troll.padding import check_vocab
 from troll.policy import adapt, build_model, rollout_logits
@@ -180,10 +180,12 @@ def update(
     ro = batch.ro
     T, vocab = ro.completion_ids.shape[1], old.vocab_size
     parts: list[tuple[float, dict[str, float]]] = []
+    unmeasured: list[tuple[float, dict[str, float]]] = []
     skipped = 0
     for minibatch in minibatches:
         opt.zero_grad(set_to_none=True)
-        minibatch_tokens = int(ro.completion_mask[minibatch].sum())
+        whole = ro.completion_mask[minibatch]
+        count, tokens = int(aggregate_count(whole, cfg.agg)), int(whole.sum())
         for rows in ro.micro_batches(cfg.micro_batch_tokens, minibatch):
             logits = rollout_logits(model, ro, rows, vocab, cfg.logits_chunk, cfg.bf16)  # pi_theta, with grad
             mask = ro.completion_mask[rows]
@@ -199,11 +201,15 @@ def update(
                 behaviour_logp=mu,
                 **cfg.loss_kwargs(),
             )
-            # each micro-batch weighs by its share of the minibatch, so the sum is the minibatch's aggregate
-            token_mean = cfg.agg == "token-mean"
-            share = int(mask.sum()) / max(minibatch_tokens, 1) if token_mean else len(rows) / len(minibatch)
+            # a micro-batch weighs count(micro-batch) / count(minibatch), with count what cfg.agg divides by (real
+            # tokens, or rows with one: troll.losses.aggregate_count), so the sum is the minibatch's aggregate
+            share = int(aggregate_count(mask, cfg.agg)) / max(count, 1)
             (loss * share).backward()
-            parts.append((share, m))
+            if mask.any():  # metrics: the loss's own terms weigh as the loss; the rest, over real tokens, by tokens
+                own = {key: m[key] for key in ("policy", "regression") if key in m}
+                parts += [(share, own), (int(mask.sum()) / tokens, {k: v for k, v in m.items() if k not in own})]
+            else:  # no real token, nothing measured: its placeholders fill only keys no other micro-batch gives
+                unmeasured.append((1.0, m))
         norm = torch.nn.utils.clip_grad_norm_(opt.param_groups[0]["params"], cfg.grad_clip)
         if not torch.isfinite(norm):
             skipped += 1
@@ -212,7 +218,7 @@ def update(
         opt.step()
         sched.step()
         parts.append((1.0, {"grad_norm": float(norm)}))
-    return merge(parts), skipped
+    return merge(unmeasured) | merge(parts), skipped
 
 
 def rl_step(
