@@ -4,28 +4,41 @@ and real tiny-rare runs of every loss writing records that survive a resume."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import math
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
+from html import escape
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from troll import inspect as tinspect
 from troll import records
-from troll.cli import UsageError
+from troll.cli import UsageError, run_command
 from troll.config import Config
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def row(step: int, loss: str) -> dict:
+TEXTS = ["9", "8", "0", "#", "</script>"]
+# token texts that can stop a page's script: a comment opener before a script tag (no token was drawn), an end tag,
+# the line and paragraph separators (a newline to an older script parser)
+HOSTILE = ["<!--<script>", "</script>", "\u2028", "#", "a\u2029&<!--"]
+
+
+def row(step: int, loss: str, texts: list[str] = TEXTS) -> dict:
     """A records row with one rewarded completion ending in the rare `#`, projected under the KL ball and cut by
     the clip, and one tricky token text (a closing script tag)."""
-    sample = {"index": 7, "adv": 2.47, "reward": 1.0, "prompt": "04+85=", "text": ["9", "8", "0", "#", "</script>"],
+    sample = {"index": 7, "adv": 2.47, "reward": 1.0, "prompt": "04+85=", "text": list(texts),
               "q": [0.5, 0.6, 0.9, 0.01, 0.2], "p": [0.52, 0.6, 0.9, 0.016, 0.2],
               "p_after": [0.55, 0.61, 0.9, 0.05, 0.2], "kl": [1e-4, 0.0, 0.0, 0.09, 0.0],
               "projected": [0, 0, 0, 1, 0], "ratio": [1.04, 1.0, 1.0, 1.6, 1.0],
@@ -34,12 +47,17 @@ def row(step: int, loss: str) -> dict:
             "samples": [sample]}  # fmt: skip
 
 
-def fake_run(root: Path, name: str, loss: str, steps=(5, 10)) -> Path:
+def fake_run(root: Path, name: str, loss: str, steps=(5, 10), texts: list[str] = TEXTS) -> Path:
     out = root / name
     out.mkdir()
     (out / "config.json").write_text(json.dumps({"task": "rare", "loss": loss, "eps": 0.05, "lr": 3e-4}))
-    (out / records.FILE).write_text("".join(json.dumps(row(s, loss)) + "\n" for s in steps))
+    (out / records.FILE).write_text("".join(json.dumps(row(s, loss, texts)) + "\n" for s in steps))
     return out
+
+
+def embedded(page: str) -> str:
+    """The text of the page's data element, as the HTML parser ends it: at the first `</script`."""
+    return re.search(r'<script type="application/json" id="data">(.*?)</script', page, re.S | re.I).group(1)
 
 
 def test_page_is_self_contained_and_holds_both_runs(tmp_path):
@@ -55,6 +73,33 @@ def test_page_is_self_contained_and_holds_both_runs(tmp_path):
     assert data["runs"][0]["samples"][0]["text"][-1] == "</script>"
     text = tinspect.text_summary(str(a), shown[0][1], tinspect.at_step(shown[0][2], 10))
     assert "1 projected (KL > eps), 1 that PPO-clip would cut" in text and "'#'" in text
+
+
+SCRIPT_BREAKERS = ("<", ">", "&", "\u2028", "\u2029")  # what the embedded JSON must not hold as itself
+
+
+def test_the_embedded_data_round_trips_and_no_text_can_end_or_stop_the_script(tmp_path):
+    cfg, rows = tinspect.load(str(fake_run(tmp_path, "run", "troll", texts=HOSTILE)))
+    name = "run </script><!--<script>"  # a run's name is the path given: text in the page too
+    page = tinspect.page([(name, cfg, tinspect.at_step(rows, 10))])
+    blob = embedded(page)
+    assert not any(c in blob for c in SCRIPT_BREAKERS), blob  # so no "<!--", "<script" or "</" either
+    data = json.loads(blob)
+    assert data["runs"][0]["samples"] == rows[1]["samples"] and data["runs"][0]["name"] == name
+    assert data["runs"][0]["samples"][0]["text"] == HOSTILE
+    assert page.count("<script") == 2 and "run &lt;/script&gt;" in page  # the title escaped as HTML
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(texts=st.lists(st.text(), min_size=1, max_size=4), prompt=st.text(), name=st.text())
+def test_any_text_in_the_page_round_trips_and_cannot_end_or_stop_the_script(texts, prompt, name):
+    r = row(1, "troll")
+    sample = r["samples"][0] | {"text": texts, "prompt": prompt}
+    sample |= {k: sample[k][:1] * len(texts) for k in records.FIELDS if k != "text"}
+    r["samples"] = [sample]
+    blob = embedded(tinspect.page([(name, {"loss": name}, r)]))
+    assert not any(c in blob for c in SCRIPT_BREAKERS)
+    assert json.loads(blob)["runs"][0] == {"name": name, "settings": {"loss": name}, **r}
 
 
 def test_steps_and_files_are_refused_with_the_way_forward(tmp_path):
@@ -111,6 +156,214 @@ def test_the_command_prints_writes_and_refuses_in_one_line(tmp_path):
         refused(command(*argv), *words)
 
 
+# ----------------------------------------------------------------------------- damaged records, field by field
+
+
+def inspect_in_process(*argv: str) -> tuple[int, str, str]:
+    """`python -m troll.inspect argv` in this process, through its boundary (troll.cli.run_command): the exit
+    status, stdout and stderr (a bug's traceback included)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), pytest.raises(SystemExit) as e:
+        run_command(tinspect.PROG, lambda: tinspect.main(list(argv)))
+    return e.value.code, out.getvalue(), err.getvalue()
+
+
+# each field of tokens.jsonl as this test knows it, apart from troll.records' table: its kind, whether null is
+# allowed, values outside its range; the per-token fields hold a list of such values, one per token
+KNOWN = {
+    "step": ("integer", False, [0, -1]),
+    "loss": ("string", False, []),
+    "eps": ("number", False, [-0.05]),
+    "clip_low": ("number", False, [-0.2]),
+    "clip_high": ("number", False, [-0.2]),
+    "level": ("string", False, ["word", ""]),
+    "samples": ("samples", False, []),
+    "index": ("integer", False, [-1]),
+    "adv": ("number", True, []),
+    "reward": ("number", True, []),
+    "prompt": ("string", False, []),
+    "text": ("string", False, []),
+    "q": ("number", True, [1.5, -0.1]),
+    "p": ("number", True, [1.0001, -1e-9]),
+    "p_after": ("number", True, [2.0, -0.5]),
+    "kl": ("number", True, []),
+    "projected": ("flag", False, [2, -1]),
+    "ratio": ("number", True, [-1.0]),
+    "ratio_proj": ("number", True, [-0.001]),
+    "clipped": ("flag", False, [2, 3]),
+}
+PER_TOKEN = ("text", "q", "p", "p_after", "kl", "projected", "ratio", "ratio_proj", "clipped")
+NOT_NUMBERS = [math.nan, math.inf, -math.inf, 10**400]  # json.dumps writes NaN, Infinity; json.loads reads them
+WRONG_TYPE = {  # values of another JSON type than each kind's
+    "integer": ["7", 7.0, True, [7], {}],
+    "number": ["0.5", True, [0.5], {"x": 1}],
+    "string": [7, ["a"], {}, False],
+    "flag": ["1", True, 0.5, [1]],
+    "samples": ["x", {}, 7],
+}
+
+
+def damages() -> list[tuple[str, tuple, str, object]]:
+    """Every damage of one row's fields, (kind, path, action, value): a path is ("step",) or ("samples", I, "q", T)
+    with I and T filled in later; action "set" (to value), "delete", "append" or "pop" (a list's last value), "add"
+    (an unknown field)."""
+    found = []
+    for k, (kind, null, outside) in KNOWN.items():
+        at = ("samples", "I", k) if k in records.SAMPLE else (k,)
+        found.append(("missing", at, "delete", None))
+        one = (*at, "T") if k in PER_TOKEN else at
+        found += [("wrong type", one, "set", v) for v in WRONG_TYPE[kind]]
+        found += [("out of range", one, "set", v) for v in outside + (NOT_NUMBERS if kind == "number" else [])]
+        found += [] if null else [("null", one, "set", None)]
+        if k in PER_TOKEN:
+            found += [("not a list", at, "set", v) for v in (None, "abc", 0.5)]
+            found += [("length", at, "append", None), ("length", at, "pop", None)]
+    found += [("not an object", ("samples", "I"), "set", v) for v in (None, [], "x")]
+    found += [("unknown", ("extra",), "add", 1), ("unknown", ("samples", "I", "extra"), "add", [1])]
+    return found
+
+
+DAMAGES = damages()
+
+
+def path_name(path: tuple) -> str:
+    """("samples", 0, "q", 3) as troll.records names it: samples[0].q[3]."""
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".")
+
+
+def damage_row(good: dict, path: tuple, action: str, value: object) -> None:
+    *parents, last = path
+    obj = good
+    for p in parents:
+        obj = obj[p]
+    if action in ("set", "add"):
+        obj[last] = value
+    elif action == "delete":
+        del obj[last]
+    elif action == "append":
+        obj[last].append(obj[last][-1])
+    else:
+        obj[last].pop()
+
+
+def damaged_file(run: Path, kind: str, path: tuple, action: str, value: object, before: int, blanks: list[int],
+                 samples: int, sample: int, token: int) -> tuple[int, str]:  # fmt: skip
+    """Write `before` good rows, then the damaged one, each after its number of blank lines (`blanks`): the damaged
+    row's line and the damaged field's name."""
+    bad = row(100, "troll")
+    bad["samples"] = [bad["samples"][0] | {"index": i} for i in range(samples)]
+    bad = json.loads(json.dumps(bad))  # no list shared between samples
+    path = tuple(sample if p == "I" else token if p == "T" else p for p in path)
+    damage_row(bad, path, action, value)
+    lines = [json.dumps(row(step, "troll")) for step in range(1, before + 1)] + [json.dumps(bad)]
+    text, line = "", 0
+    for blank, one in zip(blanks, lines, strict=True):
+        text += "\n" * blank + one + "\n"
+        line += blank + 1
+    (run / records.FILE).write_text(text)
+    return line, path_name(path)
+
+
+def refused_naming(status: int, err: str, run: Path, line: int, where: str) -> None:
+    """Exit 2 with one line, no traceback, naming the file, the line and the field (`where`, or a field under it)."""
+    lines = err.strip().splitlines()
+    assert status == 2 and len(lines) == 1 and "Traceback" not in err, (status, err[-3000:])
+    said = re.fullmatch(r"python -m troll\.inspect: error: (.*) line (\d+): (\S+) .*", lines[0])
+    assert said and said[1] == str(run / records.FILE) and said[2] == str(line), lines[0]
+    assert said[3] == where or said[3].startswith((where + "[", where + ".")), (where, lines[0])
+
+
+def config_run(root: Path) -> Path:
+    run = root / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"task": "rare", "loss": "troll"}))
+    return run
+
+
+def test_every_damage_of_every_field_is_one_line_naming_the_file_line_and_field(tmp_path):
+    """The sweep: each damage of each field (the test's own list, KNOWN), in the second of two samples, at its
+    last token, on line 4 after a good row and blank lines. A new field in troll.records' table must join KNOWN."""
+    assert set(KNOWN) == set(records.ROW) | set(records.SAMPLE) and set(PER_TOKEN) == set(records.FIELDS)
+    run = config_run(tmp_path)
+    for kind, path, action, value in DAMAGES:
+        line, where = damaged_file(run, kind, path, action, value, 1, [1, 1], samples=2, sample=1, token=4)
+        if kind == "length" and where.endswith(".text"):  # text's length is what the other fields are held to
+            where = where.removesuffix(".text")
+        refused_naming(*inspect_in_process(str(run), "--out", str(tmp_path / "page.html"))[::2], run, line, where)
+        assert not (tmp_path / "page.html").exists()  # nothing written before everything is checked
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(data=st.data(), damage=st.sampled_from(DAMAGES), before=st.integers(0, 3), samples=st.integers(1, 3))
+def test_generated_damage_in_any_row_sample_and_token_is_named(data, damage, before, samples):
+    """Hypothesis: a damage (DAMAGES) at any sample and token of a row after 0-3 good ones, blank lines between."""
+    blanks = data.draw(st.lists(st.integers(0, 2), min_size=before + 1, max_size=before + 1))
+    sample, token = data.draw(st.integers(0, samples - 1)), data.draw(st.integers(0, len(TEXTS) - 1))
+    with tempfile.TemporaryDirectory() as tmp:
+        run = config_run(Path(tmp))
+        line, where = damaged_file(run, *damage, before, blanks, samples, sample, token)
+        if damage[0] == "length" and where.endswith(".text"):
+            where = where.removesuffix(".text")
+        refused_naming(*inspect_in_process(str(run))[::2], run, line, where)
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.sampled_from(NOT_NUMBERS) | st.floats() | st.text(max_size=6),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=6,
+)
+
+
+def paths_of(good: dict) -> list[tuple]:
+    """Every field and per-token value of a one-sample row."""
+    sample = good["samples"][0]
+    return [(k,) for k in good] + [("samples", 0)] + [("samples", 0, k) for k in sample] + [
+        ("samples", 0, k, t) for k in records.FIELDS for t in range(len(sample[k]))]  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(path=st.sampled_from(paths_of(row(1, "troll"))), value=JSON)
+def test_any_value_in_any_field_is_shown_or_refused_in_one_line_never_a_traceback(path, value):
+    """Hypothesis: any JSON value (NaN, infinities and 10**400 too) in any field: inspect writes its text and page
+    (whose data round-trips), or refuses naming the file, the line and that field or one under it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        run, page = config_run(Path(tmp)), Path(tmp) / "page.html"
+        good, bad = row(1, "troll"), row(3, "troll")
+        damage_row(bad, path, "set", value)
+        (run / records.FILE).write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
+        status, out, err = inspect_in_process(str(run), "--out", str(page))
+        if status == 0:
+            assert "Traceback" not in err and " at step " in out, err[-3000:]
+            rows = [good, json.loads(json.dumps(bad))]
+            want = next(r for r in rows if r["step"] == max(r["step"] for r in rows))  # the last step, its first row
+            shown = json.loads(embedded(page.read_text()))["runs"][0]
+            assert shown["step"] == want["step"] and shown["samples"] == want["samples"]
+        else:  # a sample's field may be named for another of its fields: text's length holds the others'
+            refused_naming(status, err, run, 2, path_name(path[:2] if path[0] == "samples" else path))
+
+
+@pytest.mark.parametrize(
+    "field, value, says",
+    [
+        ("adv", "1.5", 'samples[0].adv is "1.5", expected a number or null'),
+        ("reward", [1.0], "samples[0].reward is [1.0], expected a number or null"),
+        ("prompt", 12, "samples[0].prompt is 12, expected a string"),
+        ("projected", [0, 0, 0, None, 0], "samples[0].projected[3] is null, expected 0 or 1"),
+        ("clipped", [None] * 5, "samples[0].clipped[0] is null, expected 0 or 1"),
+        ("projected", None, "samples[0].projected is null, expected a list with one value per token, each 0 or 1"),
+    ],
+)
+def test_the_issues_rows_are_refused_in_one_line(tmp_path, field, value, says):
+    """The rows of the issue: each passed troll.records' old checks and ended troll.inspect in a traceback."""
+    run = config_run(tmp_path)
+    bad = row(1, "troll")
+    bad["samples"][0][field] = value
+    (run / records.FILE).write_text(json.dumps(bad) + "\n")
+    status, _, err = inspect_in_process(str(run))
+    refused_naming(status, err, run, 1, f"samples[0].{field}")
+    assert says in err, err
+
+
 # ----------------------------------------------------------------------------- in a real browser
 
 
@@ -128,7 +381,9 @@ def browse(page: Path, *flags: str) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 @pytest.mark.skipif(chromium() is None, reason="no chromium here: apt-get install -y chromium (.ci/run installs it)")
 def test_the_page_renders_in_headless_chromium_without_network(tmp_path):
-    a, b = fake_run(tmp_path, "troll-run", "troll"), fake_run(tmp_path, "ppo-run", "ppo_clip")
+    """Both runs drawn, the second's token texts hostile (HOSTILE: a comment opener before a script tag, line
+    separators), each shown as text."""
+    a, b = fake_run(tmp_path, "troll-run", "troll"), fake_run(tmp_path, "ppo-run", "ppo_clip", texts=HOSTILE)
     out = tmp_path / "page.html"
     assert command(str(a), str(b), "--out", str(out)).returncode == 0
     html = out.read_text()
@@ -138,7 +393,7 @@ def test_the_page_renders_in_headless_chromium_without_network(tmp_path):
     runs = re.findall(r'<section class="run" data-run="(\d)" data-loss="(\w+)"', dom)
     assert runs == [("0", "troll"), ("1", "ppo_clip")]
     tokens = re.findall(r'<span class="tok[^"]*"[^>]*style="background-color: (rgb\([^)]*\))[^>]*>([^<]*)</span>', dom)
-    assert len(tokens) == 10 and [t for _, t in tokens[:4]] == ["9", "8", "0", "#"]
+    assert [t for _, t in tokens] == [*TEXTS[:4], "&lt;/script&gt;", *(escape(t, quote=False) for t in HOSTILE)]
     colours = {t: c for c, t in tokens}
     assert colours["#"] != colours["8"]  # the projected `#` is coloured apart from a token inside the ball
     assert '<span class="tok over"' in dom and "&lt;/script&gt;" in dom  # framed above eps; the text shown as text

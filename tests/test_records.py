@@ -97,6 +97,7 @@ def test_records_match_a_dense_float64_computation_and_leave_the_loss_alone(loss
             want, _ = LOSSES[loss](*args, **kwargs)
             assert torch.equal(got, want)  # the wrapper passes the loss through untouched
     row = rec.row()
+    assert records.row_problem(json.loads(json.dumps(row))) is None  # what the recorder writes, the reader reads
     assert row["step"] == 5 and row["loss"] == loss and (row["clip_low"], row["clip_high"]) == (0.2, 0.28)
     picked = [s["index"] for s in row["samples"]]
     assert picked == records.pick(batch.adv, 4) == [0, 1, 3, 5]
@@ -194,23 +195,64 @@ def good_row(step=1):
             "samples": [sample]}  # fmt: skip
 
 
+def sample_with(**fields):
+    return good_row() | {"samples": [good_row()["samples"][0] | fields]}
+
+
+def line_of(row: dict) -> str:
+    return json.dumps(row) + "\n"
+
+
 @pytest.mark.parametrize(
     "content, says",
     [
         (None, "does not exist"),
         ("", "holds no records yet"),
-        ("{not json\n" + json.dumps(good_row()) + "\n", "not valid JSON"),
-        (json.dumps({"step": 1}) + "\n", "lacks"),
-        (json.dumps(good_row() | {"samples": [good_row()["samples"][0] | {"q": [0.5]}]}) + "\n", "one length"),
-        (json.dumps(good_row() | {"samples": [good_row()["samples"][0] | {"kl": ["x", 1]}]}) + "\n", "not a number"),
+        ("\n" + json.dumps(good_row())[:50], "holds only a torn line"),
+        ("{not json\n" + line_of(good_row()), "line 1: not valid JSON"),
+        (line_of({"step": 1}), "line 1: loss is missing"),
+        (line_of(sample_with(q=[0.5])), "line 1: samples[0].q holds 1 values for 2 tokens"),
+        (line_of(sample_with(kl=["x", 1])), 'line 1: samples[0].kl[0] is "x", expected a number or null'),
+        # the rows: each passed the old checks and ended troll.inspect in a traceback
+        (line_of(sample_with(adv="1.5")), 'line 1: samples[0].adv is "1.5", expected a number or null'),
+        (line_of(sample_with(reward=[1.0])), "line 1: samples[0].reward is [1.0], expected a number or null"),
+        (line_of(sample_with(prompt=12)), "line 1: samples[0].prompt is 12, expected a string"),
+        (line_of(sample_with(projected=[0, None])), "line 1: samples[0].projected[1] is null, expected 0 or 1"),
+        (line_of(sample_with(clipped=None)), "line 1: samples[0].clipped is null, expected a list with one value"),
+        # ranges, flags, choices, non-finite numbers, unknown fields; the line counted in the file, blank ones too
+        (line_of(sample_with(q=[0.5, 1.2])), "line 1: samples[0].q[1] is 1.2, expected a number in [0, 1] or null"),
+        (line_of(sample_with(projected=[0, True])), "line 1: samples[0].projected[1] is true, expected 0 or 1"),
+        (line_of(sample_with(ratio=[1.0, -2.0])), "line 1: samples[0].ratio[1] is -2.0, expected a number >= 0"),
+        (line_of(good_row()).replace('"adv": 1.0', '"adv": NaN'), "line 1: samples[0].adv is NaN"),
+        (line_of(good_row()).replace('"reward": 1.0', '"reward": 1' + "0" * 400), "line 1: samples[0].reward is 1000"),
+        (line_of(good_row() | {"level": "word"}), 'line 1: level is "word", expected one of "token", "sequence"'),
+        (line_of(good_row() | {"step": 0}), "line 1: step is 0, expected an integer >= 1"),
+        (line_of(good_row() | {"samples": [[]]}), "line 1: samples[0] is [], expected an object"),
+        (line_of(sample_with(entropy=[1, 2])), "line 1: samples[0].entropy is not a field of tokens.jsonl"),
+        (line_of(good_row()) + "\n" + line_of(good_row(2) | {"eps": "0.05"}), 'line 3: eps is "0.05", expected a'),
     ],
 )
-def test_missing_or_damaged_records_are_one_usage_error_naming_the_file(tmp_path, content, says):
+def test_missing_or_damaged_records_are_one_usage_error_naming_the_file_line_and_field(tmp_path, content, says):
     if content is not None:
         (tmp_path / records.FILE).write_text(content)
-    with pytest.raises(UsageError, match=says) as e:
+    with pytest.raises(UsageError) as e:
         records.read(tmp_path)
-    assert str(tmp_path / records.FILE) in str(e.value) and "\n" not in str(e.value)
+    message = str(e.value)
+    assert message.startswith(str(tmp_path / records.FILE)) and "\n" not in message
+    assert says in message, message
+
+
+def test_the_schema_declares_every_field_the_recorder_writes_and_reads_a_good_row(tmp_path):
+    assert records.ROW_KEYS == ("step", "loss", "eps", "clip_low", "clip_high", "level", "samples")
+    assert records.FIELDS == ("text", "q", "p", "p_after", "kl", "projected", "ratio", "ratio_proj", "clipped")
+    assert set(good_row()["samples"][0]) == set(records.SAMPLE) and set(good_row()) == set(records.ROW)
+    assert records.row_problem(good_row()) is None and records.row_problem(sample_with(p_after=[None, None])) is None
+    assert [records.SAMPLE[k].wants() for k in ("q", "projected", "index")] == [
+        "a number in [0, 1] or null", "0 or 1", "an integer >= 0"]  # fmt: skip
+    assert all(spec.since <= records.VERSION for spec in (*records.ROW.values(), *records.SAMPLE.values()))
+    empty = sample_with(**dict.fromkeys(records.FIELDS, []))
+    (tmp_path / records.FILE).write_text("\n" + line_of(good_row(1)) + line_of(empty))
+    assert [len(r["samples"][0]["text"]) for r in records.read(tmp_path)] == [2, 0]  # an empty completion is whole
 
 
 def test_a_torn_last_line_is_skipped_as_resume_drops_it(tmp_path):

@@ -4,12 +4,14 @@
 
 prints, for each run, the step's recorded samples token by token (q, p before and after the update, KL before the
 projection, projected or not, the raw and the projected ratio, and whether PPO-clip would have cut the token), and
-with `--out` writes one self-contained HTML page: inline CSS and script, nothing fetched, it opens from disk. The
+with `--out` writes one self-contained HTML page: inline CSS and script, nothing fetched, it opens from disk; its
+data is JSON with every `<`, `>`, `&`, U+2028 and U+2029 escaped, so no text it shows can end or stop its script. The
 page shows each completion as its tokens, coloured by the quantity chosen at its top, the exact figures on hover
 and on click, each run's settings and step, and two runs side by side. `page.html#pin=RUN.SAMPLE.TOKEN,...` opens
 with those tokens' figures shown (`#pin=1.239.3`: the second run, sample 239, its fourth token). `--step` picks the
 step (default: the last one every run recorded), `--colour` the colouring the page opens with. A missing or damaged
-run file is one line (`troll.cli.run_command`), never a traceback.
+run file (each records row is checked field by field against troll.records' schema) is one line naming it, and for
+a row its line and field (`troll.cli.run_command`), never a traceback.
 """
 
 from __future__ import annotations
@@ -35,13 +37,18 @@ def load(run: str) -> tuple[dict, list[dict]]:
         raise UsageError(f"{out} is not a run directory (no such folder): pass the --out of a troll.train run")
     path = out / "config.json"
     try:
-        cfg = json.loads(path.read_text())
+        cfg = json.loads(path.read_text(), parse_constant=_not_json)
     except (OSError, ValueError) as e:
         reason = "does not exist" if isinstance(e, FileNotFoundError) else f"cannot be read ({e})"
         raise UsageError(f"{path} {reason}: pass the --out of a troll.train run") from None
     if not isinstance(cfg, dict):
         raise UsageError(f"{path} does not hold a JSON object: pass the --out of a troll.train run")
     return cfg, records.read(out)
+
+
+def _not_json(name: str) -> None:
+    """json.loads' hook for NaN and Infinity: no JSON value (JSON.parse refuses them), and troll never writes them."""
+    raise ValueError(f"{name} is not JSON")
 
 
 def pick_step(runs: list[tuple[str, dict, list[dict]]], step: int | None) -> int:
@@ -244,6 +251,10 @@ location.hash.replace(/^#pin=/, '').split(',').forEach(p => {
 document.body.dataset.ready = '1';
 """
 
+# JSON inside a script element: no "<" (so no "</script>", "<!--" or "<script"), ">" or "&" for the HTML parser to
+# read, no U+2028 / U+2029 for an older script parser; each written as the JSON escape that parses back to it
+SCRIPT_SAFE = str.maketrans({c: f"\\u{ord(c):04x}" for c in "<>&\u2028\u2029"})
+
 QUANTITIES = ("kl", "projected", "dp", "ratio", "ratio_proj", "clipped")
 
 
@@ -255,7 +266,7 @@ def page(runs: list[tuple[str, dict, dict]], colour: str = "kl") -> str:
             {"name": name, "settings": {k: cfg[k] for k in SHOWN if k in cfg}, **row} for name, cfg, row in runs
         ],
     }
-    blob = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")  # no "</script>" inside the script
+    blob = json.dumps(data, separators=(",", ":"), allow_nan=False).translate(SCRIPT_SAFE)
     title = html.escape(" | ".join(f"{name} step {row['step']}" for name, _, row in runs))
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>troll.inspect: {title}</title>

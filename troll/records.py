@@ -27,16 +27,21 @@ samples each call holds; for the recorded ones it recomputes the support and pro
 under no_grad. The loss's value and gradient are untouched (the run is the same bit for bit, records on or off).
 `Recorder.after` reads p(y) after the update, one sample at a time (no [T, V] tensor with the chunked head).
 
-`read` is the reader for troll.inspect: a missing, empty or damaged file is a UsageError naming it and the way
-forward, never a traceback. torch is imported where the recorder runs, so the reader loads without it.
+The file's schema is declared once (ROW, SAMPLE: each field's kind, whether null is allowed, its range, per token or
+not, the version of the file that first has it). `read`, the reader for troll.inspect, checks every row against it:
+a missing, empty or damaged file, or a row whose field is missing, unknown or not as declared, is one UsageError
+naming the file, the line and the field, with the way forward; never a traceback. torch is imported where the
+recorder runs, so the reader loads without it.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import sys
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,12 +53,126 @@ if TYPE_CHECKING:
     from troll.sparse import SparseDist
 
 FILE = "tokens.jsonl"
-FIELDS = ("text", "q", "p", "p_after", "kl", "projected", "ratio", "ratio_proj", "clipped")  # per token, columnar
-SAMPLE_KEYS = ("index", "adv", "reward", "prompt", *FIELDS)
-ROW_KEYS = ("step", "loss", "eps", "clip_low", "clip_high", "level", "samples")
 TEXT_CHARS = 32  # a token's text is cut to this many characters
 PROMPT_CHARS = 160  # the prompt's last this many characters
 DIGITS = 4  # significant digits of every float
+
+
+# ----------------------------------------------------------------------------- the file's schema
+
+KINDS: dict[str, Callable[[Any], bool]] = {  # JSON's values: exactly int, float, str, bool, list, dict or None
+    "integer": lambda v: type(v) is int,  # not a bool, not 1.0
+    "number": lambda v: type(v) in (int, float) and abs(v) <= sys.float_info.max,  # not NaN, inf or 10**400
+    "string": lambda v: type(v) is str,
+    "flag": lambda v: type(v) is int and v in (0, 1),
+    "samples": lambda v: type(v) is list,  # each an object as SAMPLE declares
+}
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What one field of tokens.jsonl holds: its kind (KINDS), whether null is allowed, its range or choices,
+    whether it is a list of one such value per completion token, and the version of the file that first has it."""
+
+    kind: str
+    null: bool = False  # null allowed: a float that was NaN or inf (`fig`), p(y) after the update when unknown
+    low: float = -math.inf
+    high: float = math.inf
+    choices: tuple[str, ...] = ()
+    per_token: bool = False  # a list with one value per token: as long as the sample's `text`
+    since: int = 1
+
+    def accepts(self, v: Any) -> bool:
+        """Whether `v` is one value of the field (one element of a per-token field)."""
+        if v is None or not KINDS[self.kind](v):
+            return v is None and self.null
+        ranged = self.kind in ("integer", "number")
+        return (not ranged or self.low <= v <= self.high) and (not self.choices or v in self.choices)
+
+    def wants(self) -> str:
+        """What one value must be, in words: "a number in [0, 1] or null"."""
+        if self.choices:
+            words = "one of " + ", ".join(map(json.dumps, self.choices))
+        else:
+            words = {"integer": "an integer", "number": "a number", "string": "a string", "flag": "0 or 1",
+                     "samples": "a list of samples"}[self.kind]  # fmt: skip
+        if math.isfinite(self.low) and math.isfinite(self.high):
+            words += f" in [{self.low:g}, {self.high:g}]"
+        elif math.isfinite(self.low):
+            words += f" >= {self.low:g}"
+        return words + " or null" * self.null
+
+
+PROBABILITY = Spec("number", null=True, low=0, high=1, per_token=True)
+ROW: dict[str, Spec] = {  # a row: one recorded step
+    "step": Spec("integer", low=1),
+    "loss": Spec("string"),
+    "eps": Spec("number", low=0),
+    "clip_low": Spec("number", low=0),
+    "clip_high": Spec("number", low=0),
+    "level": Spec("string", choices=("token", "sequence")),
+    "samples": Spec("samples"),
+}
+SAMPLE: dict[str, Spec] = {  # one recorded sample: its figures, then its tokens' (columnar)
+    "index": Spec("integer", low=0),
+    "adv": Spec("number", null=True),
+    "reward": Spec("number", null=True),
+    "prompt": Spec("string"),
+    "text": Spec("string", per_token=True),
+    "q": PROBABILITY,
+    "p": PROBABILITY,
+    "p_after": PROBABILITY,
+    "kl": Spec("number", null=True, per_token=True),  # >= 0, but float32 rounding leaves some KLs near 0 below it
+    "projected": Spec("flag", per_token=True),
+    "ratio": Spec("number", null=True, low=0, per_token=True),
+    "ratio_proj": Spec("number", null=True, low=0, per_token=True),
+    "clipped": Spec("flag", per_token=True),
+}
+VERSION = 1  # the newest version of the file: a field added later gets since=2, and its readers read both
+FIELDS = tuple(k for k, spec in SAMPLE.items() if spec.per_token)  # per token, columnar
+SAMPLE_KEYS = tuple(SAMPLE)
+ROW_KEYS = tuple(ROW)
+
+
+def row_problem(row: dict, version: int = VERSION) -> tuple[str, str] | None:
+    """The first field of `row` that is not as version `version` of the file declares it (ROW, SAMPLE), as (the
+    field's path, e.g. "samples[0].kl[3]", what is wrong with it), or None."""
+    if found := _fields_problem(row, ROW, version, ""):
+        return found
+    for i, sample in enumerate(row["samples"]):
+        where = f"samples[{i}]"
+        if type(sample) is not dict:
+            return where, f"is {_shown(sample)}, expected an object"
+        if found := _fields_problem(sample, SAMPLE, version, where + "."):
+            return found
+        tokens = len(sample["text"])
+        for k in FIELDS:
+            if len(sample[k]) != tokens:
+                return f"{where}.{k}", f"holds {len(sample[k])} values for {tokens} tokens (one per token of text)"
+    return None
+
+
+def _fields_problem(obj: dict, table: dict[str, Spec], version: int, prefix: str) -> tuple[str, str] | None:
+    """The first field of one object (a row, a sample) that is missing, not as `table` declares, or unknown."""
+    fields = {k: spec for k, spec in table.items() if spec.since <= version}
+    for k, spec in fields.items():
+        where, value = prefix + k, obj.get(k)
+        if k not in obj:
+            return where, "is missing"
+        if spec.per_token and type(value) is not list:
+            return where, f"is {_shown(value)}, expected a list with one value per token, each {spec.wants()}"
+        values = enumerate(value) if spec.per_token else [(None, value)]
+        for t, v in values:
+            if not spec.accepts(v):
+                return where + ("" if t is None else f"[{t}]"), f"is {_shown(v)}, expected {spec.wants()}"
+    unknown = [k for k in obj if k not in fields]
+    return (prefix + unknown[0], f"is not a field of {FILE} (version {version})") if unknown else None
+
+
+def _shown(v: Any) -> str:
+    """A value as JSON, cut to 40 characters."""
+    text = json.dumps(v)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def due(cfg: Any, step: int) -> bool:
@@ -200,12 +319,13 @@ def _figs(x: Tensor) -> list[float | None]:
 
 
 def read(out: Path) -> list[dict]:
-    """The rows of `<out>/tokens.jsonl`, checked; a UsageError naming the file and the way forward when it is
-    missing, empty or damaged (a torn last line, what a crash leaves, is skipped as resume would)."""
+    """The rows of `<out>/tokens.jsonl`, each checked against the schema (ROW, SAMPLE: any version of the file); a
+    UsageError naming the file, and for a row its line and field, with the way forward, when it is missing, empty or
+    damaged (a torn last line, what a crash leaves, is skipped as resume would)."""
     from troll.checkpoint import read_jsonl
 
     path = Path(out) / FILE
-    if not path.is_file():
+    if not path.exists():
         raise UsageError(
             f"{path} does not exist: the run has no per-token records (made before they existed, or with "
             "--records_samples 0); run it again, or resume it with --records_samples 4"
@@ -214,35 +334,23 @@ def read(out: Path) -> list[dict]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a torn tail: skipped, as resume drops it
             rows = read_jsonl(path, torn_tail=True)
-    except (OSError, ValueError) as e:
-        raise UsageError(f"{e}: the per-token records are damaged; resume the run to rewrite them") from None
+        # the lines those rows are on: read_jsonl reads every non-blank line in order, skipping only a torn last one
+        lines = [n for n, raw in enumerate(path.read_bytes().split(b"\n"), start=1) if raw.strip()]
+    except OSError as e:
+        raise UsageError(f"{path} cannot be read ({e.strerror or e}): restore it, or remove it (resume starts it "
+                         "again)") from None  # fmt: skip
+    except ValueError as e:  # read_jsonl's names the file and line; int's limit (4,300 digits) does not
+        where = "" if str(e).startswith(str(path)) else f"{path}: "
+        raise UsageError(f"{where}{e}: the per-token records are damaged; resume the run to rewrite them") from None
+    if not rows and lines:
+        raise UsageError(f"{path} holds only a torn line (a run stopped while writing it): the per-token records are "
+                         "damaged; resume the run to rewrite them")  # fmt: skip
     if not rows:
         raise UsageError(f"{path} holds no records yet: they are written at the evaluated steps (or --records_every)")
-    for n, row in enumerate(rows, start=1):
-        problem = _row_problem(row)
-        if problem:
-            raise UsageError(f"{path} row {n}: {problem}: the per-token records are damaged; resume the run to "
-                             "rewrite them")  # fmt: skip
+    for n, row in zip(lines, rows, strict=False):
+        problems = [row_problem(row, v) for v in range(VERSION, 0, -1)]
+        if all(problems):  # no version of the file has this row: name what the newest version says
+            where, what = problems[0]
+            raise UsageError(f"{path} line {n}: {where} {what}: the per-token records are damaged; restore the file, "
+                             f"or delete line {n} to inspect the other steps")  # fmt: skip
     return rows
-
-
-def _row_problem(row: dict) -> str | None:
-    """What is wrong with one row of tokens.jsonl, or None."""
-    missing = [k for k in ROW_KEYS if k not in row]
-    if missing:
-        return f"lacks {missing}"
-    if not isinstance(row["step"], int) or not isinstance(row["samples"], list):
-        return "step is not an integer or samples not a list"
-    for s in row["samples"]:
-        if not isinstance(s, dict) or any(k not in s for k in SAMPLE_KEYS):
-            return f"a sample lacks one of {list(SAMPLE_KEYS)}"
-        lengths = {len(s[k]) if isinstance(s[k], list) else -1 for k in FIELDS}
-        if len(lengths) != 1 or -1 in lengths:
-            return "a sample's per-token fields are not lists of one length"
-        for k in FIELDS[1:]:
-            if any(v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))) for v in s[k]):
-                return f"a sample's {k} holds a value that is not a number"
-        if any(not isinstance(t, str) for t in s["text"]):
-            return "a sample's text holds a value that is not a string"
-    return None
-
