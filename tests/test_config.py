@@ -360,8 +360,11 @@ def test_a_config_saved_before_vocab_size_existed_ran_with_its_added_value(tmp_p
     del saved["vocab_size"]
     path.write_text(json.dumps(saved))
     assert Config.load(path) == Config()
-    assert ADDED == {"vocab_size": 0, "lora_rank": 0, "lora_alpha": 32.0, "lora_targets": "all-linear", "dppo_cap": 2.0}
-    for name in ("lora_rank", "lora_alpha", "lora_targets"):  # every run before LoRA trained every weight
+    assert ADDED == {
+        "vocab_size": 0, "lora_rank": 0, "lora_alpha": 32.0, "lora_targets": "all-linear", "dppo_cap": 2.0,
+        "sft_probe": 1024,  # every warm-start before the setting probed 1,024 training problems
+    }  # fmt: skip
+    for name in ("lora_rank", "lora_alpha", "lora_targets", "sft_probe"):  # before LoRA: every weight trained
         del saved[name]
     path.write_text(json.dumps(saved))
     assert Config.load(path) == Config()
@@ -552,7 +555,7 @@ def test_the_rule_table_names_fields():
     assert set(ACTS_ONLY) <= names and {switch for switch, _, _ in ACTS_ONLY.values()} <= names
     default = Config()
     acting = {name for name, (switch, acts, _) in ACTS_ONLY.items() if acts(getattr(default, switch))}
-    assert acting == {"eps", "alpha", "level", "sft_target", "sft_lr", "sft_batch", "reverse_sum"}
+    assert acting == {"eps", "alpha", "level", "sft_target", "sft_lr", "sft_batch", "sft_probe", "reverse_sum"}
 
 
 def test_resume_refuses_a_flag_that_cannot_act(tmp_path, capsys):

@@ -28,6 +28,7 @@ Presets:
     tiny-rare           tiny-stale on the rare-behaviour task (a rewarded answer format the warm-start writes 1% of
                         the time) with a 1,024-token vocabulary: how fast each loss adopts a rare good token
     tiny-lora           tiny-cpu with LoRA adapters (rank 8, alpha 16) on the frozen warm-started model, lr 3e-4
+    smollm2-words       a real LM on CPU: SmolLM2-135M-Instruct (troll.packaged) on word problems scored as GSM8K
     gsm8k-qwen2.5-0.5b  GSM8K on one GPU: vLLM rollouts, bf16, chunked output layer, gradient checkpointing
     gsm8k-qwen3-0.6b    the same recipe for Qwen3-0.6B, with half the micro-batch
     gsm8k-qwen3-1.7b-lora   the recipe with LoRA (rank 32, lr 1e-5) for Qwen3-1.7B on a 24 GB GPU
@@ -103,14 +104,14 @@ class Config:
     task: str = opt(
         "addition",
         "the task: addition (tiny CPU task), rare (addition, rewarded only in a format the warm-start writes 1% of "
-        "the time: troll.addition) or gsm8k",
-        ("addition", "rare", "gsm8k"),
+        "the time: troll.addition), gsm8k, or words (arithmetic word problems asked and scored as GSM8K: troll.words)",
+        ("addition", "rare", "gsm8k", "words"),
     )
     reverse_sum: bool = opt(True, 'addition: the sum written least-significant digit first ("04+85=" -> "980")')
     model: str = opt("tiny", '"tiny" builds the local tiny Llama; otherwise a hub name or a local HF directory')
     vocab_size: int = opt(0, "tiny model: grow its 260-token tokenizer to this many tokens, unused ones (0: keep 260)")
     data: str = opt("openai/gsm8k", "GSM8K source: hub name or a folder with {train,test}.jsonl")
-    chat: bool = opt(False, "GSM8K prompts through the tokenizer's chat template (instruct models)")
+    chat: bool = opt(False, "GSM8K and words prompts through the tokenizer's chat template (instruct models)")
     # the objective
     loss: str = opt("troll", "the policy loss: TROLL or one of the baselines", ("troll", "ppo_clip", "dppo", "cispo"))
     advantage: str = opt("grpo", "advantage estimator", ("grpo", "dr_grpo", "reinforce_pp"))
@@ -179,7 +180,8 @@ class Config:
     lora_targets: str = opt("all-linear", "LoRA's layers: all-linear (every decoder linear) or comma-separated names")
     # supervised warm-start (tiny task)
     sft_steps: int = opt(600, "at most this many supervised steps on reference solutions before RL")
-    sft_target: float = opt(0.3, "stop once greedy solves this share of 1,024 training problems (0: all sft_steps)")
+    sft_target: float = opt(0.3, "stop once greedy solves this share of the probe's problems (0: all sft_steps)")
+    sft_probe: int = opt(1024, "the warm-start's probe: this many training problems, where the target is checked")
     sft_lr: float = opt(1e-3, "supervised learning rate")
     sft_batch: int = opt(128, "supervised batch size")
     # evaluation, logging, checkpoints
@@ -250,7 +252,8 @@ class Config:
             default=None,
             choices=list(PRESETS),
             help="tiny-cpu (the defaults below: addition, tiny local model, CPU), tiny-stale (stale rollouts), "
-            "tiny-rare (a rare rewarded format), tiny-lora (LoRA on the tiny model) or a "
+            "tiny-rare (a rare rewarded format), tiny-lora (LoRA on the tiny model), smollm2-words (a real LM on CPU: "
+            "SmolLM2-135M-Instruct on word problems) or a "
             "GSM8K GPU recipe (gsm8k-qwen2.5-0.5b, gsm8k-qwen3-0.6b; with LoRA: gsm8k-qwen3-1.7b-lora and "
             "gsm8k-qwen3-4b-lora on 24 GB, gsm8k-qwen3-8b-lora and gsm8k-llama3.1-8b-lora on 80 GB); default: tiny-cpu",
         )
@@ -361,7 +364,10 @@ NOT_SETTINGS = ("out", "resume")  # where and how a run is started, not what it 
 # config or results row without one ran with that value (`settings`, `Config.load`).
 # dppo_cap acts only in DPPO, which ran at 2 before the setting existed; a run of another loss reproduces under any
 # cap, so it takes today's default and compares equal to the same run made now (`with_added`).
-ADDED = {"vocab_size": 0, "lora_rank": 0, "lora_alpha": 32.0, "lora_targets": "all-linear", "dppo_cap": 2.0}
+ADDED = {
+    "vocab_size": 0, "lora_rank": 0, "lora_alpha": 32.0, "lora_targets": "all-linear", "dppo_cap": 2.0,
+    "sft_probe": 1024,
+}  # fmt: skip
 
 
 # Fields that change nothing the run computes (troll.records only watches it): a config without them takes today's
@@ -423,6 +429,7 @@ def check(cfg: Config) -> list[str]:
     need(0 <= cfg.delta < 1, f"delta must be in [0, 1), got {cfg.delta}")
     need(0 <= cfg.clip_low < 1, f"clip_low must be in [0, 1), got {cfg.clip_low}")
     need(0 <= cfg.sft_target <= 1, f"sft_target must be in [0, 1], got {cfg.sft_target}")
+    need(cfg.sft_probe >= 1, f"sft_probe must be >= 1, got {cfg.sft_probe}")
     need(1 <= cfg.is_cap < math.inf, f"is_cap must be >= 1 and finite, got {cfg.is_cap}")
     need(1 <= cfg.dppo_cap < math.inf, f"dppo_cap must be >= 1 and finite, got {cfg.dppo_cap}")
     need(0 < cfg.vllm_gpu_memory <= 1, f"vllm_gpu_memory must be in (0, 1], got {cfg.vllm_gpu_memory}")
@@ -485,8 +492,9 @@ ACTS_ONLY: dict[str, tuple[str, typing.Callable[[Any], bool], str]] = {
     "sft_target": ("sft_steps", *_WARM),
     "sft_lr": ("sft_steps", *_WARM),
     "sft_batch": ("sft_steps", *_WARM),
+    "sft_probe": ("sft_steps", *_WARM),
     "data": ("task", lambda v: v == "gsm8k", "--task gsm8k"),
-    "chat": ("task", lambda v: v == "gsm8k", "--task gsm8k"),
+    "chat": ("task", lambda v: v in ("gsm8k", "words"), "--task gsm8k or words"),
     "reverse_sum": ("task", lambda v: v in ("addition", "rare"), "--task addition or rare"),
 }
 
@@ -550,6 +558,29 @@ PRESETS: dict[str, dict[str, Any]] = {
     # LoRA on the tiny task at its best learning rate in the paired study against full fine-tuning
     # (docs/results.md#lora-against-full-fine-tuning-tiny-task): about 3x full fine-tuning's there
     "tiny-lora": dict(lora_rank=8, lora_alpha=16.0, lr=3e-4, out="runs/tiny-lora"),
+    # a real pretrained LM on a CPU: SmolLM2-135M-Instruct from its PyPI package (troll.packaged) on arithmetic word
+    # problems asked and scored as GSM8K is (troll.words), after a short supervised warm-start; sized for 2 cores
+    # (docs/results.md#a-real-model-smollm2-135m-instruct)
+    "smollm2-words": dict(
+        task="words",
+        model="smollm2-135m-instruct",
+        chat=True,
+        max_prompt_len=128,
+        max_new_tokens=24,
+        prompts_per_step=8,
+        samples_per_prompt=4,
+        minibatches=1,
+        lr=1e-5,
+        steps=20,
+        eval_every=10,
+        eval_size=100,
+        save_every=20,
+        sft_steps=40,
+        sft_lr=3e-5,
+        sft_batch=16,
+        sft_probe=64,
+        out="runs/smollm2-words",
+    ),  # fmt: skip
     "gsm8k-qwen2.5-0.5b": dict(_GSM8K_GPU, model="Qwen/Qwen2.5-0.5B-Instruct", out="runs/gsm8k-qwen2.5-0.5b"),
     # 8,192 tokens: troll.memory leaves 16,384 too close to a 24 GB GPU's budget beside vLLM for this model
     "gsm8k-qwen3-0.6b": dict(_GSM8K_GPU, model="Qwen/Qwen3-0.6B", micro_batch_tokens=8192, out="runs/gsm8k-qwen3-0.6b"),

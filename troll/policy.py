@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from troll import lora
+from troll import lora, packaged
 from troll.checkpoint import TOKENIZER, WEIGHTS, damage_remedy, damaged_file
 from troll.cli import UsageError
 from troll.head import LMHead, Logits
@@ -91,7 +91,7 @@ def build_model(cfg: Config, device: torch.device, path: str | Path | None = Non
         tokenizer = train_tokenizer(addition.corpus(), vocab_size=64)  # 260 tokens: the 256 bytes + specials
         if cfg.vocab_size:  # a long-tailed softmax, as an LLM's: unused tokens up to vocab_size (troll.tiny)
             tokenizer = pad_vocab(tokenizer, cfg.vocab_size)
-        if not (cfg.task == "gsm8k" and cfg.chat):  # raw prompts ("04+85="): no chat template it never saw
+        if not (cfg.task in ("gsm8k", "words") and cfg.chat):  # raw prompts ("04+85="): no chat template it never saw
             tokenizer.chat_template = None
         model = tiny_llama(tokenizer, **TINY, seed=cfg.seed)
     else:
@@ -117,16 +117,17 @@ def load(loader: Callable[[str], Any], source: str | Path, kind: str) -> Any:
     """`loader(source)`, loading a `kind` of NEEDS; for a local folder, its missing (NEEDS) and damaged files
     (troll.checkpoint.damaged_file) and the loader's failure are a UsageError naming the file or folder and what
     to do (troll.checkpoint.damage_remedy). A hub name's failures pass."""
+    source = packaged.resolve(str(source))  # a packaged model's name: its folder, made on first use
     folder = Path(source)
     if not folder.is_dir():
-        return loader(str(source))
+        return loader(source)
     names = [(n,) if isinstance(n, str) else n for n in NEEDS[kind]]
     missing = [" or ".join(n) for n in names if not any((folder / f).is_file() for f in n)]
     problem = f"{folder} lacks {', '.join(missing)}" if missing else damaged_file(folder)
     if problem:
         raise UsageError(f"{problem}: {damage_remedy(folder)}")
     try:
-        loaded = loader(str(source))
+        loaded = loader(source)
     except ImportError:
         raise
     except Exception as e:  # transformers, tokenizers, safetensors and PEFT raise many types on a file they refuse

@@ -6,9 +6,10 @@
     texts = decode_rollouts(tokenizer, ro)         # the same for sampled troll.rollout.Rollouts, one per sample
     acc, records = evaluate(generator, tokenizer, task, max_new_tokens)   # greedy pass@1 on task.test
 
-Rows are dicts {question, answer (reference solution), gold (the final answer)}. Three tasks: `addition`
+Rows are dicts {question, answer (reference solution), gold (the final answer)}. Four tasks: `addition`
 (troll.addition, the tiny CPU task), `rare` (its variant whose rewarded answer format starts rare; `behaviour`
-tells a completion that shows it, logged per step as behaviour_rate) and `gsm8k` (troll.gsm8k). The reward maps
+tells a completion that shows it, logged per step as behaviour_rate), `gsm8k` (troll.gsm8k) and `words`
+(troll.words: arithmetic word problems, prompted and scored as GSM8K is, the real model's CPU task). The reward maps
 (completion text, gold) to 0.0 or 1.0. Training, the supervised warm-start and troll.evaluate all go through these
 functions, so a prompt is tokenised, a completion decoded and a problem scored the same way everywhere.
 """
@@ -19,10 +20,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from troll import addition, gsm8k
+from troll import addition, gsm8k, words
 
 if TYPE_CHECKING:
     from troll.rollout import Generator, Rollouts
+
+
+# tasks prompted and scored as GSM8K is (troll.gsm8k.make_prompt, troll.gsm8k.reward): a model trained on one of them
+# is scored on another by troll.evaluate (a words run's GSM8K accuracy before and after)
+GSM8K_FORMAT = ("gsm8k", "words")
 
 
 @dataclass
@@ -68,13 +74,12 @@ def load_task(cfg: Any, tokenizer: Any) -> tuple[Task, dict[str, int]]:
         rare = cfg.task == "rare"
         train, test = (addition.problems(split, reverse=cfg.reverse_sum, rare=rare) for split in ("train", "test"))
         task = Task(train, test, lambda q: q, addition.reward, addition.marked if rare else None)
-    else:
-        task = Task(
-            gsm8k.load_gsm8k("train", cfg.data),
-            gsm8k.load_gsm8k("test", cfg.data),
-            lambda q: gsm8k.make_prompt(q, tokenizer, chat=cfg.chat),
-            gsm8k.reward,
-        )
+    else:  # GSM8K, or word problems asked and scored as GSM8K is
+        def prompt(q: str) -> str:
+            return gsm8k.make_prompt(q, tokenizer, chat=cfg.chat)
+
+        splits = [words.problems(s) if cfg.task == "words" else gsm8k.load_gsm8k(s, cfg.data) for s in gsm8k.SPLITS]
+        task = Task(*splits, prompt, gsm8k.reward)
     if cfg.eval_size:
         task.test = task.test[: cfg.eval_size]
     dropped = {}

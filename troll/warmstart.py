@@ -62,9 +62,15 @@ def greedy_solves(model: Any, prompts: list[list[int]], answers: Tensor, mask: T
     return solved_rows(logits, answers.to(logits.device), mask.to(logits.device))
 
 
-def solved(model: Any, batch: tuple[list[list[int]], Tensor, Tensor], vocab_size: int) -> float:
-    """The share of `batch` (answer_batch's output) that greedy decoding solves."""
-    return float(greedy_solves(model, *batch, vocab_size).float().mean())
+def solved(model: Any, batch: tuple[list[list[int]], Tensor, Tensor], vocab_size: int, rows: int = 64) -> float:
+    """The share of `batch` (answer_batch's output) that greedy decoding solves, `rows` problems a forward (a real
+    vocabulary's [rows, T, V] logits stay small)."""
+    prompts, answers, mask = batch
+    hits = [
+        greedy_solves(model, prompts[i : i + rows], answers[i : i + rows], mask[i : i + rows], vocab_size)
+        for i in range(0, len(prompts), rows)
+    ]
+    return float(torch.cat(hits).float().mean())
 
 
 def warm_start(
@@ -119,6 +125,7 @@ def warm_start_task(cfg: Any, model: Any, tokenizer: Any, task: Task) -> dict:
     """`warm_start` on a task's training problems with a run's settings (a troll.config.Config); prints and returns
     its record."""
     kw = dict(steps=cfg.sft_steps, lr=cfg.sft_lr, batch=cfg.sft_batch, seed=cfg.seed, target=cfg.sft_target)
+    kw |= dict(probe=cfg.sft_probe)
     warm = warm_start(model, tokenizer, task.train, task.prompt, **kw)
     line = f"supervised warm-start: {warm['sft_steps_run']} steps, final loss {warm['sft_loss']:.3f}, greedy solves "
     line += f"{warm['sft_probe_acc']:.3f} of the training probe"

@@ -1,0 +1,69 @@
+"""A real pretrained LM end to end (slow): SmolLM2-135M-Instruct, made from its PyPI package by troll.packaged, runs
+two RL steps of the `smollm2-words` preset under every loss with the transformers sampler and with vLLM's CPU
+build, and vLLM follows its tied output layer after a weight push."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from troll.config import PRESETS, Config
+from troll.losses import LOSSES
+from troll.policy import build_model
+from troll.rollout import HFGenerator
+from troll.task import encode, load_task
+from troll.train import train
+
+pytestmark = pytest.mark.slow
+SHORT = dict(steps=2, sft_steps=1, sft_probe=4, prompts_per_step=2, samples_per_prompt=4, max_new_tokens=12,
+             eval_every=2, eval_size=4, save_every=2, device="cpu")  # fmt: skip
+
+
+def rows(out) -> list[dict]:
+    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("backend", ["hf", "vllm"])
+@pytest.mark.parametrize("loss", list(LOSSES))
+def test_two_steps_of_the_real_model_preset_under_every_loss(tmp_path, monkeypatch, loss, backend):
+    if backend == "vllm":
+        pytest.importorskip("vllm")
+        monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    cfg = Config(**(PRESETS["smollm2-words"] | SHORT | dict(loss=loss, backend=backend, out=str(tmp_path / "run"))))
+    assert train(cfg)["steps"] == 2
+    steps = [r for r in rows(tmp_path / "run") if "eval_acc" not in r]
+    evals = [r["eval_acc"] for r in rows(tmp_path / "run") if "eval_acc" in r]
+    assert len(steps) == 2 and len(evals) == 2 and all(0 <= a <= 1 for a in evals)
+    assert all(math.isfinite(r["policy"]) and 0 <= r["frac_active"] <= 1 for r in steps)
+    assert (tmp_path / "run" / "checkpoints" / "latest").is_file()
+
+
+def test_vllm_follows_the_real_models_tied_output_layer(monkeypatch):
+    """SmolLM2 ties its output layer to the embeddings: after an update and a push, vLLM's greedy decoding and
+    sampled log-probs are the trained model's (a push that missed lm_head would keep the old output layer)."""
+    pytest.importorskip("vllm")
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    from troll.packaged import folder
+    from troll.vllm_engine import VLLMGenerator
+
+    cfg = Config(**(PRESETS["smollm2-words"] | SHORT))
+    model, tok = build_model(cfg, torch.device("cpu"))
+    assert model.config.tie_word_embeddings
+    task, _ = load_task(cfg, tok)
+    prompts = encode(tok, [task.prompt(r["question"]) for r in task.test[:3]])
+    engine = VLLMGenerator(folder(cfg.model), tok, max_model_len=256, max_top_k=8, dtype="float32", seed=0)
+    try:
+        opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+        ids = torch.tensor([prompts[0]])
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        model.eval()
+        engine.push_weights(model)  # checks the engine against the model itself (check_sync)
+        assert engine.greedy(prompts, 8) == HFGenerator(model, tok).greedy(prompts, 8)
+    finally:
+        engine.close()
