@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -123,10 +124,43 @@ def test_evaluate_bad_data_and_numbers(tmp_path, model_dir, data_dir):
     (tmp_path / "empty" / "test.jsonl").write_text("\n")
     refused(evaluate("--model", str(model_dir), "--data", str(tmp_path / "empty")), "holds no rows")
     refused(evaluate("--model", str(model_dir), "--data", str(data_dir), "--limit", "0"), "--limit must be >= 1")
-    refused(evaluate("--model", str(model_dir), "--data", str(data_dir), "--max-new-tokens", "0"), "--max-new")
+    refused(evaluate("--model", str(model_dir), "--data", str(data_dir), "--max_new_tokens", "0"), "--max_new_tokens")
     (tmp_path / "file").write_text("")
     refused(evaluate("--model", str(model_dir), "--data", str(data_dir), "--out", str(tmp_path / "file")), "--out")
     refused(evaluate("--model", str(model_dir), "--limit", "x"), "--limit")
+
+
+EVALUATE_FLAGS = [  # (flags after --model, words of the error line): settings that cannot act, and bad values
+    (["--temperature", "0.7"], ["--temperature acts only with --samples N > 0", "drop --temperature"]),
+    (["--seed", "1"], ["--seed acts only with --samples N > 0", "drop --seed"]),
+    (["--samples", "-1"], ["--samples must be >= 0"]),
+    (["--samples", "4", "--temperature", "nan"], ["--temperature must be > 0 and finite"]),
+    (["--task", "addition", "--data", "openai/gsm8k"], ["--data acts only with --task gsm8k", "not --task addition"]),
+    (["--task", "addition", "--chat", "true"], ["--chat acts only with --task gsm8k", "drop --chat"]),
+    (["--task", "chess"], ["--task", "invalid choice", "gsm8k"]),
+    (["--max-new-tokens", "8"], ["unrecognized arguments: --max-new-tokens", "--help lists the flags"]),
+]
+
+
+@pytest.mark.parametrize(("flags", "words"), EVALUATE_FLAGS, ids=[" ".join(flags) for flags, _ in EVALUATE_FLAGS])
+def test_evaluate_refuses_a_flag_that_cannot_act(tmp_path, model_dir, flags, words):
+    refused(evaluate("--model", str(model_dir), *flags, "--out", str(tmp_path / "e")), *words)
+    assert not (tmp_path / "e").exists()
+
+
+def test_evaluate_scores_a_run_on_its_own_task(tmp_path, model_dir, data_dir):
+    """A run's checkpoint is scored on the task it was trained on: another is refused naming both, and so is a run
+    whose config.json is missing or damaged (it says which task)."""
+    from troll.config import Config
+
+    run = tmp_path / "run"
+    shutil.copytree(model_dir, run / "checkpoints" / "step-000001")
+    Config(task="addition").save(run / "config.json")
+    refused(evaluate("--model", str(run), "--task", "gsm8k"), f"{run} was trained on addition; pass --task addition")
+    line = refused(evaluate("--model", str(run), "--data", str(data_dir)), "--data acts only with --task gsm8k")
+    assert f"({run} was trained on addition)" in line
+    (run / "config.json").write_bytes(b"\xff")
+    refused(evaluate("--model", str(run)), f"{run / 'config.json'} is damaged", f"--out {run} --resume true")
 
 
 # ------------------------------------------------------------------------------------------------ troll.plot

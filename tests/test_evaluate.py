@@ -1,12 +1,35 @@
-"""The evaluation command (troll/evaluate.py): greedy pass@1 with the training reward, on a tiny local model."""
+"""The evaluation command (troll/evaluate.py): greedy pass@1 with the training reward, pass@k and maj@k from samples
+(against an enumeration of every k-subset and hand counts), the task it scores, on tiny local models."""
 
 import importlib.util
+import itertools
 import json
+import math
+import random
+import shutil
+from collections import Counter
+from fractions import Fraction
+from pathlib import Path
 
 import pytest
+import torch
 
-from troll import gsm8k
-from troll.evaluate import decode, encode, greedy_generator, main, score
+from troll import addition, gsm8k, words
+from troll.config import Config
+from troll.evaluate import (
+    answer_rule,
+    decode,
+    encode,
+    gsm8k_equal,
+    ks,
+    load_generator,
+    main,
+    maj_at_k,
+    pass_at_k,
+    sample,
+    score,
+)
+from troll.rollout import to_rollouts
 from troll.tiny import save_tiny, tiny_llama, train_tokenizer
 
 
@@ -35,7 +58,7 @@ def test_command_writes_predictions_and_summary(tmp_path, tiny_dir, gsm8k_dir, c
             str(gsm8k_dir),
             "--limit",
             "4",
-            "--max-new-tokens",
+            "--max_new_tokens",
             "6",
             "--backend",
             "hf",
@@ -43,11 +66,12 @@ def test_command_writes_predictions_and_summary(tmp_path, tiny_dir, gsm8k_dir, c
             str(tmp_path / "eval"),
         ]
     )
-    assert summary["n"] == 4 and 0.0 <= summary["accuracy"] <= 1.0 and summary["chat"]
+    assert summary["n"] == 4 and 0.0 <= summary["accuracy"] <= 1.0 and summary["chat"] and summary["task"] == "gsm8k"
+    assert summary["samples"] == 0 and "pass@k" not in summary and "temperature" not in summary
     preds = [json.loads(x) for x in (tmp_path / "eval" / "predictions.jsonl").read_text().splitlines()]
     assert len(preds) == 4 and {"question", "gold", "completion", "extracted", "reward"} <= preds[0].keys()
     assert json.loads((tmp_path / "eval" / "summary.json").read_text())["accuracy"] == summary["accuracy"]
-    assert "GSM8K greedy pass@1" in capsys.readouterr().out
+    assert capsys.readouterr().out.startswith("gsm8k greedy pass@1: ")
 
 
 @pytest.mark.slow
@@ -60,8 +84,8 @@ def test_vllm_greedy_equals_transformers_greedy(tiny_dir, monkeypatch):
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     tok = AutoTokenizer.from_pretrained(tiny_dir)
     prompts = encode(tok, [gsm8k.make_prompt(q, tok, chat=True) for q in ("Tom has 3 apples.", "What is 4+5?")])
-    hf = greedy_generator("hf", str(tiny_dir), tok, 256).greedy(prompts, 8)
-    engine = greedy_generator("vllm", str(tiny_dir), tok, 256)
+    hf = load_generator("hf", str(tiny_dir), tok, 256).greedy(prompts, 8)
+    engine = load_generator("vllm", str(tiny_dir), tok, 256)
     try:
         assert engine.greedy(prompts, 8) == hf and decode(tok, hf)
     finally:
@@ -69,11 +93,12 @@ def test_vllm_greedy_equals_transformers_greedy(tiny_dir, monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_lora_run_is_evaluated_as_its_export(tmp_path, gsm8k_dir):
+def test_a_lora_run_is_evaluated_as_its_export(tmp_path):
     """`troll.evaluate` on a LoRA run (its latest checkpoint: adapters on the run's base, merged in memory) gives
-    the predictions of the merged model `troll.export` writes; `--backend vllm` on it names troll.export (issue 40:
-    it said the checkpoint lacked a config and weights)."""
-    from test_commands import command
+    the predictions of the merged model `troll.export` writes, on the run's own task (addition, its tokenizer without
+    a chat template) where the export is told it; another task for the run is refused naming both; `--backend vllm`
+    on it names troll.export (issue 40: it said the checkpoint lacked a config and weights)."""
+    from test_commands import command, refused
 
     run, merged = tmp_path / "run", tmp_path / "merged"
     tiny = ["--sft_steps", "0", "--steps", "1", "--eval_size", "4", "--prompts_per_step", "2"]
@@ -81,18 +106,286 @@ def test_a_lora_run_is_evaluated_as_its_export(tmp_path, gsm8k_dir):
     assert trained.returncode == 0, trained.stderr[-3000:]
     exported = command("-m", "troll.export", str(run), "--out", str(merged))
     assert exported.returncode == 0, exported.stderr[-3000:]
-    flags = ["--data", str(gsm8k_dir), "--limit", "3", "--max-new-tokens", "8", "--backend", "hf"]
+    flags = ["--limit", "3", "--max_new_tokens", "8", "--backend", "hf"]
     predictions, said = {}, {}
-    for name, model in (("run", run), ("merged", merged)):
-        done = command("-m", "troll.evaluate", "--model", str(model), *flags, "--out", str(tmp_path / f"eval-{name}"))
+    for name, model, task in (("run", run, []), ("merged", merged, ["--task", "addition"])):
+        out = tmp_path / f"eval-{name}"
+        done = command("-m", "troll.evaluate", "--model", str(model), *task, *flags, "--out", str(out))
         assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
-        predictions[name], said[name] = (tmp_path / f"eval-{name}" / "predictions.jsonl").read_text(), done.stderr
+        assert json.loads((out / "summary.json").read_text())["task"] == "addition"
+        predictions[name], said[name] = (out / "predictions.jsonl").read_text(), done.stderr
     assert f"its adapters merged into the run's base {run / 'base'}" in said["run"], said["run"][-3000:]
     assert predictions["run"] == predictions["merged"] and predictions["run"].count("\n") == 3
+    other = command("-m", "troll.evaluate", "--model", str(run), "--task", "gsm8k", "--out", str(tmp_path / "g"))
+    refused(other, f"{run} was trained on addition; pass --task addition")
+    assert not (tmp_path / "g").exists()
     ckpt = run / "checkpoints" / "step-000001"
     if importlib.util.find_spec("vllm") is None:
         return  # --backend vllm is refused for the missing package first
-    refused = command("-m", "troll.evaluate", "--model", str(ckpt), *flags[:-1], "vllm", "--out", str(tmp_path / "v"))
-    line = refused.stderr.strip().splitlines()[-1]
-    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+    vllm = command("-m", "troll.evaluate", "--model", str(ckpt), *flags[:-1], "vllm", "--out", str(tmp_path / "v"))
+    line = vllm.stderr.strip().splitlines()[-1]
+    assert vllm.returncode == 2 and "Traceback" not in vllm.stderr, vllm.stderr[-3000:]
     assert "LoRA adapters" in line and f"python -m troll.export {ckpt}" in line, line
+
+
+# ------------------------------------------------------------------------------------------ pass@k and maj@k
+
+
+def subsets_with_a_correct_one(n: int, c: int, k: int) -> float:
+    """pass@k by its definition: the share of the k-subsets of n samples (the first c correct) holding a correct one."""
+    subsets = list(itertools.combinations(range(n), k))
+    return sum(any(j < c for j in s) for s in subsets) / len(subsets)
+
+
+@pytest.mark.parametrize("n", range(1, 8))
+def test_pass_at_k_is_the_share_of_k_subsets_holding_a_correct_sample(n):
+    for c in range(n + 1):
+        for k in range(1, n + 1):
+            assert pass_at_k(n, c, k) == pytest.approx(subsets_with_a_correct_one(n, c, k), abs=1e-12), (n, c, k)
+
+
+def test_pass_at_k_edge_cases_and_large_n():
+    for k in range(1, 11):
+        assert pass_at_k(10, 0, k) == 0.0 and pass_at_k(10, 10, k) == 1.0
+        assert pass_at_k(10, 3, k) == (1.0 if k > 7 else pytest.approx(1 - math.comb(7, k) / math.comb(10, k)))
+    assert pass_at_k(10, 1, 10) == 1.0 and pass_at_k(10, 0, 10) == 0.0  # k = n: any correct sample
+    assert pass_at_k(16, 5, 1) == pytest.approx(5 / 16)  # k = 1: the share correct
+    # C(2000, 1000) overflows a float: the exact ratio of integers against the product form
+    exact = 1 - Fraction(math.comb(1997, 1000), math.comb(2000, 1000))
+    assert pass_at_k(2000, 3, 1000) == pytest.approx(float(exact), rel=1e-12)
+    for n, c, k in ((3, 4, 1), (3, -1, 1), (3, 1, 0), (3, 1, 4)):
+        with pytest.raises(ValueError, match="pass@k"):
+            pass_at_k(n, c, k)
+
+
+def test_ks_are_powers_of_two_below_n_and_n():
+    assert [ks(n) for n in (1, 2, 3, 6, 8)] == [[1], [1, 2], [1, 2, 3], [1, 2, 4, 6], [1, 2, 4, 8]]
+
+
+def test_gsm8k_equal_is_the_rewards_equality():
+    assert gsm8k_equal("42", "42.0") and gsm8k_equal("$42", "42") and gsm8k_equal("42 dollars", "42")
+    assert gsm8k_equal("1,000", "1000") and not gsm8k_equal("142", "42") and not gsm8k_equal("-3", "3")
+
+
+def test_maj_at_k_by_hand():
+    maj = lambda answers, gold, k: maj_at_k(answers, gold, k, gsm8k_equal)  # noqa: E731
+    # 42, 42.0 and $42 are one answer: 3 votes against 2 for 7
+    answers = ["7", "42", "42.0", "7", "$42"]
+    assert [maj(answers, "42", k) for k in range(1, 6)] == [0.0, 0.0, 1.0, 0.0, 1.0]  # k = 2, 4: ties, 7 came first
+    assert [maj(answers, "7", k) for k in range(1, 6)] == [1.0, 1.0, 0.0, 1.0, 0.0]
+    assert [maj(["42", "7", "7.00", "42"], "42", k) for k in range(1, 5)] == [1.0, 1.0, 0.0, 1.0]
+    # no answer casts no vote: 5 wins once it is the only answer, and loses to nothing
+    assert [maj([None, None, "5", None], "5", k) for k in range(1, 5)] == [0.0, 0.0, 1.0, 1.0]
+    assert maj([None, "3", None, "5", "5"], "5", 4) == 0.0 and maj([None, "3", None, "5", "5"], "5", 5) == 1.0
+    # the winner is compared with the gold by the reward's rule
+    assert maj(["$1,000", "999"], "1000", 2) == 1.0 and maj(["1000.5", "1000"], "1000", 2) == 0.0
+    for k in (0, 6):
+        with pytest.raises(ValueError, match="maj@k"):
+            maj(answers, "42", k)
+
+
+def test_answer_rules_follow_the_tasks_reward():
+    extract, equal = answer_rule(gsm8k.reward)
+    assert extract("so 6 * 7 = 42 apples") == "42" and extract("no number") is None and equal("42.0", "42")
+    extract, equal = answer_rule(addition.reward)  # an exact match of the completion
+    assert extract(" 980 ") == "980" and extract("  ") is None
+    assert equal("980", "980") and not equal("98", "980") and not equal("980#", "980")
+    assert maj_at_k(["980", "98", None, "98", "980", "980"], "980", 6, equal) == 1.0
+
+
+class NumberedBackend:
+    """A stand-in rollout backend: sample j of prompt p in call c is [p[0], c, j], its last id cut when j is odd (the
+    completions' lengths differ); it records each call's (prompts, n, seed)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int, int]] = []
+
+    def generate(self, prompts, n, max_new_tokens, temperature=1.0, top_k_logprobs=0, seed=None):
+        c = len(self.calls)
+        self.calls.append((len(prompts), n, seed))
+        done = [[p[0], c, j][: 3 - j % 2] for p in prompts for j in range(n)]
+        return to_rollouts(prompts, n, done, [True] * len(done), [torch.zeros(len(x)) for x in done], None, None, 1.0)
+
+
+def test_sample_lays_out_each_problems_samples_in_one_call_or_many():
+    prompts = [[10], [11, 1], [12], [13]]
+    draws = random.Random(5)
+    backend = NumberedBackend()
+    assert sample(backend, prompts, 2, 4, 1.0, seed=5) == [[[p[0], 0, 0], [p[0], 0]] for p in prompts]
+    assert backend.calls == [(4, 2, draws.randrange(2**63))]  # every prompt at once, n samples each
+    backend = NumberedBackend()
+    got = sample(backend, prompts, 2, 4, 1.0, seed=5, per_call=3)  # 8 samples: calls of 3, 3 and 2, one sample each
+    assert got == [[[p[0], (2 * i + j) // 3, 0] for j in range(2)] for i, p in enumerate(prompts)]
+    draws = random.Random(5)
+    assert backend.calls == [(size, 1, draws.randrange(2**63)) for size in (3, 3, 2)]
+
+
+# ------------------------------------------------------------------------------------------ sampled end to end
+
+
+@pytest.fixture(scope="module")
+def coin_dir(tmp_path_factory) -> Path:
+    """A tiny model that ignores its prompt: every position's hidden state is the same vector (equal embeddings, the
+    layers' outputs zeroed) and only the output rows of "4" and EOS are not zero, so each next token is "4" or EOS,
+    about half and half. Its samples of a problem whose gold is 4 or 44 are right, wrong or without an answer by
+    chance ("4", "44", "")."""
+    tok = train_tokenizer(addition.corpus(), vocab_size=64)
+    model = tiny_llama(tok, hidden=32, layers=1, heads=2)
+    with torch.no_grad():
+        model.model.embed_tokens.weight.fill_(1.0)  # after the final RMSNorm: a vector of ones
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.lm_head.weight.zero_()
+        for token in (tok.convert_tokens_to_ids("4"), tok.eos_token_id):
+            model.lm_head.weight[token] = 10.0 / model.config.hidden_size  # logit 10; every other token's 0
+    return save_tiny(model, tok, tmp_path_factory.mktemp("coin"))
+
+
+@pytest.fixture(scope="module")
+def coin_data(tmp_path_factory) -> Path:
+    """Six GSM8K-format problems with golds 4 and 44, in a folder without train.jsonl (evaluate reads test.jsonl)."""
+    path = tmp_path_factory.mktemp("coin-data")
+    rows = [{"question": f"Problem {i}?", "answer": f"#### {4 if i % 2 else 44}"} for i in range(6)]
+    (path / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def majority_right(answers: list[str | None], gold: str) -> float:
+    """maj@k counted by hand for numeric answers: votes per value, a tie to the value seen first."""
+    values = [Fraction(a) for a in answers if a is not None]
+    if not values:
+        return 0.0
+    votes = Counter(values)
+    winner = max(dict.fromkeys(values), key=lambda v: votes[v])  # values in order of first occurrence
+    return float(winner == Fraction(gold))
+
+
+def test_samples_give_pass_at_k_and_maj_at_k(tmp_path, coin_dir, coin_data, capsys):
+    flags = ["--model", str(coin_dir), "--data", str(coin_data), "--max_new_tokens", "4", "--backend", "hf"]
+    flags += ["--samples", "8", "--temperature", "1.0", "--seed", "3"]
+    summary = main([*flags, "--out", str(tmp_path / "a")])
+    assert json.loads((tmp_path / "a" / "summary.json").read_text()) == summary
+    assert (summary["task"], summary["n"], summary["samples"], summary["temperature"], summary["seed"]) == (
+        "gsm8k", 6, 8, 1.0, 3
+    )  # fmt: skip
+    assert list(summary["pass@k"]) == list(summary["maj@k"]) == ["1", "2", "4", "8"]
+    preds = [json.loads(x) for x in (tmp_path / "a" / "predictions.jsonl").read_text().splitlines()]
+    assert [p["gold"] for p in preds] == ["44", "4"] * 3 and all(len(p["samples"]) == 8 for p in preds)
+    for p in preds:
+        for s in p["samples"]:
+            assert s["extracted"] == gsm8k.extract_answer(s["completion"])
+            assert s["reward"] == gsm8k.reward(s["completion"], p["gold"])
+    rewards = [[s["reward"] for s in p["samples"]] for p in preds]
+    mean = sum(map(sum, rewards)) / 48
+    assert 0 < mean < 1 and len({s["completion"] for p in preds for s in p["samples"]}) > 2  # figures that can fail
+    assert summary["pass@k"]["1"] == pytest.approx(mean)  # pass@1: the mean sample reward
+    for k in (1, 2, 4, 8):
+        chen = [1 - math.comb(8 - int(sum(r)), k) / math.comb(8, k) for r in rewards]
+        assert summary["pass@k"][str(k)] == pytest.approx(sum(chen) / 6)
+        by_hand = [majority_right([s["extracted"] for s in p["samples"][:k]], p["gold"]) for p in preds]
+        assert summary["maj@k"][str(k)] == pytest.approx(sum(by_hand) / 6)
+    assert summary["pass@k"]["8"] == pytest.approx(sum(any(r) for r in rewards) / 6)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 9 and lines[0].startswith("gsm8k greedy pass@1: ")
+    assert lines[1].startswith(f"gsm8k pass@1: {summary['pass@k']['1']:.4f} (6 problems, 8 samples each")
+    assert lines[-1].startswith(f"gsm8k maj@8: {summary['maj@k']['8']:.4f} ")
+    again = main([*flags, "--out", str(tmp_path / "b")])  # the same seed: the same samples
+    assert (tmp_path / "b" / "predictions.jsonl").read_bytes() == (tmp_path / "a" / "predictions.jsonl").read_bytes()
+    assert again["pass@k"] == summary["pass@k"]
+
+
+# ------------------------------------------------------------------------------------------ the task it scores
+
+
+@pytest.fixture(scope="module")
+def addition_dir(tmp_path_factory) -> Path:
+    """A tiny model saved as an addition run saves it: its tokenizer has no chat template (troll.policy.build_model)."""
+    tok = train_tokenizer(addition.corpus(), vocab_size=64)
+    tok.chat_template = None
+    return save_tiny(tiny_llama(tok, hidden=32, layers=1, heads=2), tok, tmp_path_factory.mktemp("addition"))
+
+
+def refusal(argv: list[str], capsys) -> str:
+    """main(argv) must exit 2 with one line on stderr; returns it."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and ": error: " in err[0], err
+    return err[0]
+
+
+def test_addition_is_scored_with_its_own_rows_and_reward(tmp_path, addition_dir, gsm8k_dir, capsys):
+    flags = ["--model", str(addition_dir), "--limit", "4", "--max_new_tokens", "4", "--backend", "hf"]
+    summary = main([*flags, "--task", "addition", "--samples", "2", "--out", str(tmp_path / "e")])
+    assert (summary["task"], summary["n"], summary["chat"]) == ("addition", 4, None)
+    preds = [json.loads(x) for x in (tmp_path / "e" / "predictions.jsonl").read_text().splitlines()]
+    rows = addition.problems("test")[:4]
+    assert [(p["question"], p["gold"]) for p in preds] == [(r["question"], r["gold"]) for r in rows]
+    for p in preds:
+        assert p["reward"] == addition.reward(p["completion"], p["gold"])
+        for s in p["samples"]:
+            assert s["reward"] == addition.reward(s["completion"], p["gold"])
+    capsys.readouterr()
+    # GSM8K on a tokenizer without a chat template: plain prompts (auto); --chat true cannot be met
+    gsm = ["--data", str(gsm8k_dir), "--limit", "2", "--max_new_tokens", "2", "--backend", "hf"]
+    assert main(["--model", str(addition_dir), *gsm, "--out", str(tmp_path / "g")])["chat"] is False
+    capsys.readouterr()
+    assert "has no chat template" in refusal(["--model", str(addition_dir), *gsm, "--chat", "true"], capsys)
+    line = refusal([*flags, "--task", "addition", "--data", str(gsm8k_dir)], capsys)
+    assert "--data acts only with --task gsm8k, not --task addition: drop --data" in line
+    assert "--chat acts only with --task gsm8k" in refusal([*flags, "--task", "rare", "--chat", "auto"], capsys)
+
+
+def test_a_run_is_scored_on_its_own_task_and_settings(tmp_path, addition_dir, capsys):
+    """A run directory (here an addition run with the sum written the usual way): its task and its settings by
+    default, another task refused naming both, its config.json missing or damaged named with the way forward."""
+    run = tmp_path / "run"
+    shutil.copytree(addition_dir, run / "checkpoints" / "step-000001")
+    (run / "checkpoints" / "latest").write_text("step-000001")
+    Config(task="addition", reverse_sum=False).save(run / "config.json")
+    flags = ["--model", str(run), "--limit", "3", "--max_new_tokens", "4", "--backend", "hf"]
+    summary = main([*flags, "--out", str(tmp_path / "e")])
+    assert "evaluating its latest checkpoint" in capsys.readouterr().err and summary["task"] == "addition"
+    preds = [json.loads(x) for x in (tmp_path / "e" / "predictions.jsonl").read_text().splitlines()]
+    assert [p["gold"] for p in preds] == [r["gold"] for r in addition.problems("test", reverse=False)[:3]]
+    line = refusal([*flags, "--task", "gsm8k", "--out", str(tmp_path / "x")], capsys)
+    assert f"--task gsm8k: {run} was trained on addition; pass --task addition" in line
+    line = refusal([*flags, "--data", "openai/gsm8k", "--out", str(tmp_path / "x")], capsys)
+    assert f"--data acts only with --task gsm8k, not --task addition ({run} was trained on addition)" in line
+    (run / "config.json").write_text("{")
+    line = refusal([*flags, "--out", str(tmp_path / "x")], capsys)
+    assert f"{run / 'config.json'} is damaged" in line and f"--out {run} --resume true" in line
+    (run / "config.json").unlink()
+    (run / "checkpoints" / "step-000001" / "trainer.pt").write_bytes(b"")  # a troll checkpoint, its config gone
+    assert f"{run / 'config.json'} is missing" in refusal([*flags, "--out", str(tmp_path / "x")], capsys)
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_words_run_is_scored_on_words_by_default_and_on_gsm8k_when_asked(tmp_path, addition_dir, gsm8k_dir, capsys):
+    """Word problems are asked and scored as GSM8K is (troll.task.GSM8K_FORMAT): a words run's GSM8K accuracy is a
+    measurement, an addition score of it is not."""
+    run = tmp_path / "run"
+    shutil.copytree(addition_dir, run / "checkpoints" / "step-000001")
+    (run / "checkpoints" / "latest").write_text("step-000001")
+    Config(task="words").save(run / "config.json")
+    flags = ["--model", str(run), "--limit", "3", "--max_new_tokens", "2", "--backend", "hf"]
+    assert main([*flags, "--out", str(tmp_path / "w")])["task"] == "words"
+    preds = [json.loads(x) for x in (tmp_path / "w" / "predictions.jsonl").read_text().splitlines()]
+    assert [p["question"] for p in preds] == [r["question"] for r in words.problems("test")[:3]]
+    gsm = main([*flags, "--task", "gsm8k", "--data", str(gsm8k_dir), "--out", str(tmp_path / "g")])
+    assert (gsm["task"], gsm["n"]) == ("gsm8k", 3)
+    capsys.readouterr()
+    line = refusal([*flags, "--task", "addition", "--out", str(tmp_path / "x")], capsys)
+    assert f"--task addition: {run} was trained on words; pass --task words" in line
+
+
+def test_sampling_flags_act_only_with_samples(tiny_dir, capsys):
+    model = ["--model", str(tiny_dir)]
+    for flag, value in (("--temperature", "0.7"), ("--seed", "1")):
+        line = refusal([*model, flag, value], capsys)
+        assert f"{flag} acts only with --samples N > 0" in line and f"drop {flag}" in line
+    assert "--samples must be >= 0" in refusal([*model, "--samples", "-1"], capsys)
+    for bad in ("0", "-1", "nan", "inf"):
+        line = refusal([*model, "--samples", "2", "--temperature", bad], capsys)
+        assert "--temperature must be > 0 and finite" in line

@@ -68,7 +68,7 @@ TINY_RUN = ("--steps", "1", "--sft_steps", "0", "--eval_size", "2", "--prompts_p
 RUN_LENGTHS = frozenset({"--steps", "--sft_steps", "--eval_size", "--eval_every", "--save_every", "--sft_batch",
                          "--prompts_per_step", "--samples_per_prompt", "--max_new_tokens", "--epochs", "--minibatches",
                          "--repeats", "--warmup", "--rounds", "--prompts", "--n", "--samples", "--jobs", "--limit",
-                         "--max-new-tokens", "--max_new", "--max-new", "--v", "--hidden", "--layers", "--heads",
+                         "--max_new", "--max-new", "--v", "--hidden", "--layers", "--heads",
                          "--vocab", "--model-vocab", "--response", "--chunk", "--rows",
                          "--vocab_size", "--lora_rank", "--lora", "--k", "--kl_update_vocab", "--sft_target",
                          "--staleness"})  # fmt: skip

@@ -1,49 +1,98 @@
-"""Greedy pass@1 evaluation of a model on GSM8K, the command:
+"""Evaluate a model on a task: greedy pass@1, and pass@k and maj@k from sampled completions. The command:
 
-    python -m troll.evaluate --model NAME_OR_PATH [--data openai/gsm8k] [--chat true] [--limit N] [--out DIR]
+    python -m troll.evaluate --model NAME_OR_PATH [--task T] [--data openai/gsm8k] [--chat auto] [--limit N]
+        [--max_new_tokens 1024] [--samples N [--temperature 1.0] [--seed 0]] [--backend auto] [--out DIR]
 
-Scores greedy completions of every GSM8K test problem (1,319) with exactly the reward training uses
-(`troll.gsm8k.reward`), with vLLM when it is installed and a GPU or `--backend vllm` asks for it, else
-transformers `generate`. Writes `predictions.jsonl` (question, gold, completion, extracted answer, reward)
-and `summary.json` (accuracy, n, backend, seconds) into `--out`, and prints the accuracy.
+Tasks (`--task`): every task troll.task builds, the choices of troll.config.Config's `task` field (addition, rare,
+gsm8k, ...: `--help` lists them), so a task added there is scored with no change here. The test rows, the
+prompt and the reward come from troll.task.load_task, given a Config: a troll run's own config.json for one of its
+checkpoints (its settings hold, e.g. --reverse_sum), else Config's defaults for the task. `--limit N` is its eval_size
+(the first N test problems; default: all of them), and no prompt is dropped for its length (max_prompt_len is
+unbounded). The default task is the run's own when `--model` is a run directory or one of its checkpoints (a
+checkpoint folder in <run>/checkpoints/ that holds trainer.pt, or whose <run>/config.json exists), else gsm8k; a
+--task other than the run's is refused naming both (an addition model scores 0 on GSM8K, which measures nothing),
+unless both are prompted and scored as GSM8K is (troll.task.GSM8K_FORMAT: a words run is scored on gsm8k too).
+A run's config.json that is missing or damaged is named with the command that writes it again, as for a LoRA run.
+`--data` and `--chat` act only with the tasks troll.config.ACTS_ONLY names for them (--data: gsm8k; --chat: gsm8k and
+the tasks prompted as it is) and are refused, given with another task. `--data`: openai/gsm8k (default), another hub
+name, a folder with test.jsonl (load_task reads its test.jsonl for both splits: a folder needs no train.jsonl) or
+one .jsonl file. `--chat auto` (default) prompts through the chat template when the tokenizer has one (the tiny
+addition models' tokenizers have none), `true` requires one.
 
-Greedy decoding is the rollout backends' own `greedy` (rollout.HFGenerator, vllm_engine.VLLMGenerator), the
-path training evaluates with too, so the numbers agree; it masks output ids past the tokenizer (Qwen's padded
-rows), as the samplers do. Prompts are encoded, completions decoded and scored by troll.task, as in training.
+Greedy pass@1, always: each problem's greedy completion scored with exactly the reward training uses (the task's).
+Greedy decoding is the rollout backends' own `greedy` (rollout.HFGenerator, vllm_engine.VLLMGenerator), the path
+training evaluates with too, so the numbers agree; it masks output ids past the tokenizer (Qwen's padded rows), as
+the samplers do. Prompts are encoded, completions decoded and scored by troll.task, as in training. The backend:
+vLLM when it is installed and a GPU or `--backend vllm` asks for it, else transformers `generate`.
+
+Sampling (`--samples N`; 0, the default, is greedy only): N completions per problem through the backend's own
+`generate` at `--temperature` (default 1.0; no top-k, top-p or penalties: troll.rollout), seeded by `--seed`
+(default 0). `--temperature` or `--seed` given without `--samples` cannot act and is refused. vLLM samples every
+problem in one call (a prompt's N samples share its prefix); the hf backend keeps every step's scores
+(O(samples x tokens x vocabulary)), so it samples the problems, each repeated N times, in calls whose scores take
+about HF_SCORE_BYTES (`sample`). Call c is seeded with the c-th draw of random.Random(--seed): the same flags give
+the same samples on the same backend and machine. For k = 1, 2, 4, ... below N, and N (`ks`):
+
+    pass@k  the unbiased estimator of Chen et al. (2021), 1 - C(n - c, k) / C(n, k) for a problem with c of its
+            n = N samples correct, in its product form (`pass_at_k`), averaged over problems; pass@1 is the mean
+            sample reward
+    maj@k   the share of problems whose most frequent answer among their first k samples equals the gold
+            (`maj_at_k`): answers are grouped by the reward's equality, a sample without an answer casts no vote,
+            and a tie goes to the answer that came first
+
+A sample's answer and the equality (`answer_rule`): for a task scored by troll.gsm8k.reward (gsm8k, and any task
+asked as it is), the answer gsm8k.extract_answer takes, compared by that reward's own cleaning and comparison
+(`gsm8k_equal`: "42", "42.0" and "$42" are one answer); for any other task (addition, rare: an exact match), the
+completion stripped, compared by the task's reward.
+
+Output, into `--out` (default evals/<model name>), written once every check has passed and every figure is computed:
+`predictions.jsonl`, one line per problem (question, gold, the greedy completion, its extracted answer and reward,
+and with --samples, `samples`: each sample's completion, extracted answer and reward), and `summary.json` (model,
+task, accuracy: greedy pass@1, n: problems, backend, chat, seconds, samples; with --samples also temperature, seed,
+and `pass@k` and `maj@k`, each a dict keyed by k). One line per figure on stdout.
 
 `--model` (`resolve_model`): a local folder holding a model and its tokenizer (config.json, weights, tokenizer
 files); a run directory, whose `checkpoints/latest` checkpoint is evaluated (said on stderr); a LoRA run's
 checkpoint (adapter_config.json, or a LoRA run directory), whose adapters are loaded on the run's base and merged in
 memory in float32, as `python -m troll.export` merges them (with the hf backend: vLLM loads a model folder, which
-troll.export writes); or a hub name. A
-name is looked up once, with a short timeout: when the hub cannot be reached (or HF_HUB_OFFLINE is set) a copy in
+troll.export writes); a packaged model's name (`smollm2-135m-instruct`: troll.packaged makes its folder on first
+use); or a hub name. A name is looked up once, with a short timeout: when the hub cannot be reached (or HF_HUB_OFFLINE is set) a copy in
 the local cache is used, else the command stops at once instead of retrying for a minute. A path that does not exist,
 a folder that lacks a model or tokenizer file (named) or holds a damaged one (troll.checkpoint.damaged_file), a LoRA
-checkpoint whose run config or base is missing, an unknown hub name, bad --data or a bad number: a usage error, exit
-2 with one line on stderr, before any model is loaded.
+checkpoint whose run config or base is missing, an unknown hub name, bad --data, a bad number or a flag that cannot
+act: a usage error, exit 2 with one line on stderr, before any model is loaded.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import importlib.util
 import json
+import math
 import os
+import random
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from troll import gsm8k
 from troll.checkpoint import complete_checkpoints, damage_remedy, damaged_file
 from troll.cli import Parser, run_command
-from troll.task import decode, encode, score
+from troll.task import GSM8K_FORMAT, decode, encode, load_task, score
 
 if TYPE_CHECKING:
+    from troll.config import Config
     from troll.rollout import Generator
 
 
 HUB_TIMEOUT_S = 3.0  # the one hub lookup of a model name (resolve_model)
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 TOKENIZER = ("tokenizer.json", "tokenizer.model", "vocab.json")
+HF_SCORE_BYTES = 1 << 30  # the hf backend's kept scores per sampling call (`sample`)
+SCORE_BYTES_PER_LOGIT = 12  # generate's float32 scores, their stacked copy and its log_softmax (troll.rollout)
 
 
 def is_adapters(folder: Path) -> bool:
@@ -121,7 +170,9 @@ def resolve_model(name: str, adapters: bool = False) -> tuple[str, str | None]:
     Returns a local folder or a hub name; raises ValueError with a one-line message when there is nothing to load.
     A LoRA checkpoint is accepted with `adapters` (troll.evaluate merges it), else refused naming troll.export.
     """
-    path = Path(name).expanduser()
+    from troll import packaged
+
+    path = Path(packaged.resolve(name)).expanduser()  # a packaged model's name: its folder, made on first use
     if path.exists():
         note = None
         if (path / "checkpoints").is_dir():  # a run directory: the checkpoint `latest` names, else the newest
@@ -146,9 +197,7 @@ def resolve_model(name: str, adapters: bool = False) -> tuple[str, str | None]:
             merged = f"its adapters merged into the run's base {base} in memory"
             note = f"{note}; {merged}" if note else f"{path} is a LoRA checkpoint: {merged}"
         return str(path), note
-    from troll.gsm8k import is_hub_name
-
-    if not is_hub_name(name):
+    if not gsm8k.is_hub_name(name):
         raise ValueError(f"model path {name} does not exist")
     from huggingface_hub import snapshot_download
 
@@ -165,8 +214,6 @@ def resolve_model(name: str, adapters: bool = False) -> tuple[str, str | None]:
 def check_hub_data(data: str) -> None:
     """A `--data` that names a hub dataset must answer at once (a local path is read, and checked, by load_gsm8k):
     ValueError with a one-line message otherwise."""
-    from troll import gsm8k
-
     if Path(data).expanduser().exists() or not gsm8k.is_hub_name(data) or hub_offline():
         return
     reason = hub_lookup(data, "dataset")
@@ -180,8 +227,6 @@ def check_hub_data(data: str) -> None:
 def check_not_trained_on(model_path: str, rows: list[dict[str, str]], data: str) -> None:
     """A ValueError when the model is a troll run's checkpoint whose GSM8K training problems (a local --data of the
     run) include evaluated ones: a score on its own training problems is not a held-out accuracy."""
-    from troll import gsm8k
-
     config = Path(model_path).parent.parent / "config.json"  # <run>/checkpoints/step-N -> <run>/config.json
     try:
         run = json.loads(config.read_text())
@@ -196,9 +241,139 @@ def check_not_trained_on(model_path: str, rows: list[dict[str, str]], data: str)
         raise ValueError(f"{e} ({model_path} was trained on {source}: evaluate on held-out problems)") from None
 
 
-def greedy_generator(backend: str, model_path: str, tokenizer: Any, max_model_len: int) -> Generator:
+def tasks() -> tuple[str, ...]:
+    """The tasks --task accepts: those troll.task builds, the choices of troll.config.Config's `task` field."""
+    from troll.config import Config  # imports no torch
+
+    return tuple(next(f.metadata["choices"] for f in dataclasses.fields(Config) if f.name == "task"))
+
+
+def trained_run(model_path: str) -> tuple[Path, Config] | None:
+    """The run directory and config of the troll run whose checkpoint `model_path` is (module docstring), or None for
+    any other model. The config is read as troll.policy.run_config reads it, without importing torch: missing or not
+    JSON, a ValueError naming it and the command that writes it again; a config that fails its checks, Config.load's
+    ValueError naming the file."""
+    from troll.config import Config
+
+    ckpt = Path(model_path)
+    run = ckpt.parent.parent
+    path = run / "config.json"
+    if ckpt.parent.name != "checkpoints" or not ((ckpt / "trainer.pt").exists() or path.exists()):
+        return None
+    again = (
+        f"python -m troll.train --out {run} --resume true writes it again from the run's newest checkpoint (a "
+        "finished run is not trained further)"
+    )
+    if not path.is_file():
+        raise ValueError(f"{path} is missing, and it names the task {ckpt} was trained on: {again}")
+    try:
+        json.loads(path.read_bytes().decode("utf-8"))
+    except ValueError:  # not UTF-8, not JSON
+        raise ValueError(f"{path} is damaged (not JSON): {again}") from None
+    return run, Config.load(path)
+
+
+def ks(n: int) -> list[int]:
+    """The k of pass@k and maj@k for n samples: 1, 2, 4, ... below n, and n itself."""
+    out = []
+    k = 1
+    while k < n:
+        out.append(k)
+        k *= 2
+    return [*out, n]
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """pass@k of one problem with c correct among its n samples, the unbiased estimator of Chen et al. (2021),
+    "Evaluating Large Language Models Trained on Code", eq. 1: the chance that k of the n samples, drawn without
+    replacement, include a correct one,
+
+        pass@k = 1 - C(n - c, k) / C(n, k) = 1 - prod_{i = n - c + 1}^{n} (1 - k / i)
+
+    and 1 when n - c < k (every k of them include one). The product never forms the binomials, which overflow a
+    float from n of about 1,030. ValueError unless 0 <= c <= n and 1 <= k <= n."""
+    if not (0 <= c <= n and 1 <= k <= n):
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def maj_at_k(answers: Sequence[str | None], gold: str, k: int, equal: Callable[[str, str], bool]) -> float:
+    """maj@k of one problem: 1.0 when the most frequent answer among its first k samples equals `gold`, else 0.0.
+
+    answers[j] is sample j's extracted answer, None where it has none (it casts no vote). Each answer joins the first
+    group whose first answer it equals (equal(first, answer)), else opens a group, so answers equal by value are one
+    answer ("42", "42.0" and "$42" under gsm8k_equal). The group with the most votes wins, a tie going to the group
+    whose first answer came first; it is right when equal(its first answer, gold). No vote among the k: 0.0.
+    ValueError unless 1 <= k <= len(answers)."""
+    if not 1 <= k <= len(answers):
+        raise ValueError(f"maj@k needs 1 <= k <= {len(answers)} (the samples), got k={k}")
+    groups: list[list[Any]] = []  # [first answer, votes], in order of first occurrence
+    for answer in answers[:k]:
+        if answer is None:
+            continue
+        group = next((g for g in groups if equal(g[0], answer)), None)
+        if group is None:
+            groups.append([answer, 1])
+        else:
+            group[1] += 1
+    if not groups:
+        return 0.0
+    winner = max(groups, key=lambda g: g[1])  # the first of the largest: ties go to the earliest answer
+    return float(equal(winner[0], gold))
+
+
+def gsm8k_equal(answer: str, gold: str) -> bool:
+    """Whether an extracted answer equals `gold` (or another answer) by troll.gsm8k.reward's own rule: the reward of
+    a completion that states `answer` after "####", so both are cleaned and compared as the reward does ("42" ==
+    "42.0" == "$42" == "42 dollars"; "142" != "42")."""
+    return gsm8k.reward("#### " + answer.replace("\n", " "), gold) == 1.0
+
+
+def answer_rule(reward: Callable[[str, str], float]) -> tuple[Callable[[str], str | None], Callable[[str, str], bool]]:
+    """How maj@k reads a sample's answer and compares two, for a task with reward `reward`: GSM8K's extraction and
+    equality for a task scored by troll.gsm8k.reward; else the completion stripped (empty: no answer), compared by
+    the reward itself (addition, rare: an exact match)."""
+    if reward is gsm8k.reward:
+        return gsm8k.extract_answer, gsm8k_equal
+    return (lambda text: text.strip() or None), (lambda answer, gold: reward(answer, gold) == 1.0)
+
+
+def sample(
+    generator: Generator,
+    prompts: list[list[int]],
+    n: int,
+    max_new_tokens: int,
+    temperature: float,
+    seed: int,
+    per_call: int | None = None,
+) -> list[list[list[int]]]:
+    """n sampled completions (token ids, a final EOS included) of each prompt, [prompt][sample], through the
+    backend's `generate`: in one call, or (`per_call`) in calls of at most that many samples over the prompts each
+    repeated n times. Call c is seeded with the c-th draw of random.Random(seed)."""
+    if per_call is None:
+        calls = [(prompts, n)]
+    else:
+        repeated = [p for p in prompts for _ in range(n)]  # sample b = i * n + j, as one call's layout
+        calls = [(repeated[i : i + per_call], 1) for i in range(0, len(repeated), per_call)]
+    seeds = random.Random(seed)
+    flat: list[list[int]] = []
+    for batch, m in calls:
+        ro = generator.generate(batch, m, max_new_tokens, temperature, seed=seeds.randrange(2**63))
+        lengths = ro.completion_mask.sum(-1).tolist()
+        flat += [ids[:length] for ids, length in zip(ro.completion_ids.tolist(), lengths, strict=True)]
+    return [flat[i * n : (i + 1) * n] for i in range(len(prompts))]
+
+
+def hf_samples_per_call(max_new_tokens: int, vocab: int) -> int:
+    """Samples per hf `generate` call whose kept scores take about HF_SCORE_BYTES (at least one)."""
+    return max(1, HF_SCORE_BYTES // (SCORE_BYTES_PER_LOGIT * max_new_tokens * vocab))
+
+
+def load_generator(backend: str, model_path: str, tokenizer: Any, max_model_len: int) -> Generator:
     """A rollout backend ("hf" or "vllm") holding the model at `model_path` (a LoRA checkpoint: merged, hf only),
-    for its `greedy` method."""
+    for its `greedy` and `generate` methods."""
     import torch
 
     if backend == "vllm":
@@ -225,8 +400,6 @@ def greedy_generator(backend: str, model_path: str, tokenizer: Any, max_model_le
 
 def merged_lora(ckpt: Path, device: Any) -> Any:
     """A LoRA checkpoint's adapters on its run's base, merged in float32 (as troll.export writes it)."""
-    import dataclasses
-
     from troll.lora import merge
     from troll.policy import build_model
 
@@ -236,20 +409,61 @@ def merged_lora(ckpt: Path, device: Any) -> Any:
     return merge(model)
 
 
+def score_samples(
+    rows: Sequence[dict], samples: Sequence[Sequence[str]], reward: Callable[[str, str], float]
+) -> tuple[list[list[dict]], dict[str, float], dict[str, float]]:
+    """Each problem's samples as records {completion, extracted, reward}, and pass@k and maj@k over the problems
+    (module docstring), keyed by k as a string (JSON's keys)."""
+    extract, equal = answer_rule(reward)
+    records = [
+        [{"completion": c, "extracted": extract(c), "reward": reward(c, row["gold"])} for c in texts]
+        for row, texts in zip(rows, samples, strict=True)
+    ]
+    n = len(samples[0])
+    passed, majority = {}, {}
+    same = [functools.cache(equal) for _ in rows]  # one problem's comparisons, made once for every k
+    for k in ks(n):
+        passed[str(k)] = sum(pass_at_k(n, sum(s["reward"] == 1.0 for s in rec), k) for rec in records) / len(rows)
+        majority[str(k)] = sum(
+            maj_at_k([s["extracted"] for s in rec], row["gold"], k, eq)
+            for row, rec, eq in zip(rows, records, same, strict=True)
+        ) / len(rows)
+    return records, passed, majority
+
+
 def main(argv: list[str] | None = None) -> dict:
-    from troll import gsm8k
+    from troll.config import ACTS_ONLY, Config
 
     p = Parser(prog="python -m troll.evaluate", description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="a model folder, a run directory or a hub name")
-    p.add_argument("--data", default=gsm8k.HUB_NAME, help="hub name or a folder with test.jsonl")
+    p.add_argument(
+        "--task",
+        default=None,
+        choices=tasks(),
+        help="the task to score (default: the run's own for a run directory or checkpoint, else gsm8k)",
+    )
+    p.add_argument(
+        "--data",
+        default=None,
+        help=f"--task gsm8k: a hub name, a folder with test.jsonl, or a .jsonl file (default {gsm8k.HUB_NAME})",
+    )
     p.add_argument(
         "--chat",
-        default="auto",
+        default=None,
         choices=["auto", "true", "false"],
-        help="chat template prompts (auto: when the tokenizer has one)",
+        help="the tasks prompted as GSM8K: prompts through the chat template (default auto: when the tokenizer has "
+        "one)",
     )
-    p.add_argument("--limit", type=int, default=None)
-    p.add_argument("--max-new-tokens", type=int, default=1024)
+    p.add_argument("--limit", type=int, default=None, help="the first N test problems (default: all)")
+    p.add_argument("--max_new_tokens", type=int, default=1024, help="the longest completion, in tokens (default 1024)")
+    p.add_argument(
+        "--samples",
+        type=int,
+        default=0,
+        help="sampled completions per problem, for pass@k and maj@k (default 0: greedy pass@1 only)",
+    )
+    p.add_argument("--temperature", type=float, default=None, help="the samples' temperature (default 1.0)")
+    p.add_argument("--seed", type=int, default=None, help="seeds the samples (default 0)")
     p.add_argument("--backend", default="auto", choices=["auto", "hf", "vllm"])
     p.add_argument("--out", default=None, help="output folder (default: evals/<model name>)")
     args = p.parse_args(argv)
@@ -258,9 +472,10 @@ def main(argv: list[str] | None = None) -> dict:
         """A usage error: one line on stderr, exit 2 (no usage text: the flags parsed)."""
         p.exit(2, f"{p.prog}: error: {message}\n")
 
-    for flag in ("model", "data"):
-        if not getattr(args, flag).strip():
-            fail(f"--{flag} must not be empty")
+    if not args.model.strip():
+        fail("--model must not be empty")
+    if args.data is not None and not args.data.strip():
+        fail(f"--data must not be empty (leave it out for {gsm8k.HUB_NAME})")
     if args.out is not None and not args.out.strip():
         fail("--out must not be empty (leave it out for evals/<model name>)")
     if args.limit is not None and args.limit < 1:
@@ -268,7 +483,16 @@ def main(argv: list[str] | None = None) -> dict:
     if args.limit is not None and args.limit > sys.maxsize:
         fail(f"--limit must be at most {sys.maxsize} (leave it out for every row), got {args.limit}")
     if args.max_new_tokens < 1:
-        fail(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+        fail(f"--max_new_tokens must be >= 1, got {args.max_new_tokens}")
+    if args.samples < 0:
+        fail(f"--samples must be >= 0 (0: greedy pass@1 only), got {args.samples}")
+    for flag in ("temperature", "seed"):
+        if getattr(args, flag) is not None and not args.samples:
+            fail(f"--{flag} acts only with --samples N > 0 (sampled completions): pass --samples N, or drop --{flag}")
+    temperature = 1.0 if args.temperature is None else args.temperature
+    if not 0 < temperature < math.inf:  # nan fails every comparison
+        fail(f"--temperature must be > 0 and finite, got {args.temperature}")
+    seed = 0 if args.seed is None else args.seed
     out = Path(args.out or Path("evals") / Path(args.model).name)
     if file := next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None):
         fail(f"--out {out}: {file} is a file, not a folder")
@@ -276,11 +500,27 @@ def main(argv: list[str] | None = None) -> dict:
         fail("--backend vllm needs the optional vllm package, which is not installed: pass --backend hf")
     try:
         model_path, note = resolve_model(args.model, adapters=True)
-        check_hub_data(args.data)
-        rows = gsm8k.load_gsm8k("test", source=args.data, limit=args.limit)
-        check_not_trained_on(model_path, rows, args.data)
+        run = trained_run(model_path)
     except (OSError, ValueError) as e:
         fail(str(e))
+    trained_on = run[1].task if run else None
+    task = args.task or trained_on or "gsm8k"
+    if trained_on and task != trained_on and not {task, trained_on} <= set(GSM8K_FORMAT):
+        fail(f"--task {task}: {args.model} was trained on {trained_on}; pass --task {trained_on} (or leave --task out)")
+    for flag in ("data", "chat"):  # the settings troll.config says act only with some tasks
+        _, acts, when = ACTS_ONLY[flag]
+        if getattr(args, flag) is not None and not acts(task):
+            why = f" ({args.model} was trained on {task})" if trained_on and args.task is None else ""
+            fail(f"--{flag} acts only with {when}, not --task {task}{why}: drop --{flag}")
+    data = args.data or gsm8k.HUB_NAME
+    reads_data = ACTS_ONLY["data"][1](task)
+    if reads_data:
+        try:
+            check_hub_data(data)
+            rows = gsm8k.load_gsm8k("test", source=data, limit=args.limit)
+            check_not_trained_on(model_path, rows, data)
+        except (OSError, ValueError) as e:
+            fail(str(e))
     lora = is_adapters(Path(model_path))
     if lora and args.backend == "vllm":
         fail(
@@ -297,33 +537,50 @@ def main(argv: list[str] | None = None) -> dict:
     from troll.policy import load
 
     tokenizer = load(AutoTokenizer.from_pretrained, model_path, "tokenizer")
-    chat = tokenizer.chat_template is not None if args.chat == "auto" else args.chat == "true"
-    if chat and tokenizer.chat_template is None:
-        fail(f"--chat true, but the tokenizer of {args.model} has no chat template")
-    prompts = encode(tokenizer, [gsm8k.make_prompt(r["question"], tokenizer, chat=chat) for r in rows])
+    chat = None  # the setting, where it acts
+    if ACTS_ONLY["chat"][1](task):
+        chat = tokenizer.chat_template is not None if args.chat in (None, "auto") else args.chat == "true"
+        if chat and tokenizer.chat_template is None:
+            fail(f"--chat true, but the tokenizer of {args.model} has no chat template")
+    settings: dict[str, Any] = {"task": task, "eval_size": args.limit or 0, "max_prompt_len": sys.maxsize}
+    if reads_data:  # a local folder as its test.jsonl, which load_task reads for both splits
+        local = Path(data).expanduser()
+        settings["data"] = str(local / "test.jsonl" if local.is_dir() else local) if local.exists() else data
+    if chat is not None:
+        settings["chat"] = chat
+    try:
+        spec, _ = load_task(dataclasses.replace(run[1], **settings) if run else Config(**settings), tokenizer)
+    except (OSError, ValueError) as e:
+        fail(str(e))
+    rows = spec.test
+    prompts = encode(tokenizer, [spec.prompt(r["question"]) for r in rows])
     backend = args.backend
     if backend == "auto":  # a LoRA checkpoint is merged in memory, which the hf backend evaluates
         backend = "vllm" if torch.cuda.is_available() and importlib.util.find_spec("vllm") and not lora else "hf"
     start = time.time()
     max_model_len = max(len(x) for x in prompts) + args.max_new_tokens
-    completions = decode(
-        tokenizer, greedy_generator(backend, model_path, tokenizer, max_model_len).greedy(prompts, args.max_new_tokens)
-    )
-    acc, records = score(rows, completions, gsm8k.reward)
+    generator = load_generator(backend, model_path, tokenizer, max_model_len)
+    acc, records = score(rows, decode(tokenizer, generator.greedy(prompts, args.max_new_tokens)), spec.reward)
+    extract, _ = answer_rule(spec.reward)
+    records = [rec | {"extracted": extract(rec["completion"])} for rec in records]
+    summary = {"model": args.model, "task": task, "accuracy": acc, "n": len(rows), "backend": backend, "chat": chat}
+    summary["samples"] = args.samples
+    lines = [f"{task} greedy pass@1: {acc:.4f} ({len(rows)} problems, {backend}) -> {out}"]  # one line per figure
+    if args.samples:
+        per_call = hf_samples_per_call(args.max_new_tokens, len(tokenizer)) if backend == "hf" else None
+        ids = sample(generator, prompts, args.samples, args.max_new_tokens, temperature, seed, per_call)
+        samples, passed, majority = score_samples(rows, [decode(tokenizer, s) for s in ids], spec.reward)
+        records = [rec | {"samples": s} for rec, s in zip(records, samples, strict=True)]
+        summary |= {"temperature": temperature, "seed": seed, "pass@k": passed, "maj@k": majority}
+        how = f"({len(rows)} problems, {args.samples} samples each at temperature {temperature}, seed {seed})"
+        for name, figures in (("pass", passed), ("maj", majority)):
+            lines += [f"{task} {name}@{k}: {value:.4f} {how}" for k, value in figures.items()]
+    summary["seconds"] = round(time.time() - start, 1)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "predictions.jsonl", "w") as f:
-        for rec in records:
-            f.write(json.dumps(rec | {"extracted": gsm8k.extract_answer(rec["completion"])}) + "\n")
-    summary = {
-        "model": args.model,
-        "accuracy": acc,
-        "n": len(rows),
-        "backend": backend,
-        "chat": chat,
-        "seconds": round(time.time() - start, 1),
-    }
+        f.writelines(json.dumps(rec) + "\n" for rec in records)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"GSM8K greedy pass@1: {acc:.4f} ({len(rows)} problems, {backend}) -> {out}")
+    print("\n".join(lines))
     return summary
 
 
