@@ -99,12 +99,13 @@ def run_all(
 def train_run(cfg: Config) -> Path:
     """Train one run in this (worker) process, or resume it where it stopped (troll.harness: with no checkpoint
     yet it starts from the beginning), its output to <out>/log.txt; its checkpoints are deleted once it is done."""
+    from troll.harness import claim_folder
     from troll.train import train
 
     out = Path(cfg.out)
     if (out / "summary.json").is_file():  # finished, its results row not yet written (the caller checked its settings)
         return out
-    out.mkdir(parents=True, exist_ok=True)
+    claim_folder(out)  # the run's folder before log.txt is written in it (troll.harness: a run writes only in its own)
     with open(out / "log.txt", "a") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
         train(replace(cfg, resume=True))
     shutil.rmtree(out / "checkpoints", ignore_errors=True)

@@ -1,7 +1,7 @@
 """The damage sweep (issue 40): every file that a finished run, a LoRA run (with its `<out>/base`), an export and a
 study's results file hold, each damage (deleted, truncated to half, garbled bytes in the middle, emptied, made
 read-only, replaced by a folder), against each command that reads it (resume, troll.evaluate, troll.export,
-troll.plot, the study's reports).
+troll.plot, troll.inspect, the study's reports).
 
 The invariant: exit 0 with a correct result, or a non-zero exit whose last stderr line is one line naming the file
 (its path or name) and the way forward; never a traceback; and after any command, every finished checkpoint that
@@ -36,7 +36,6 @@ import pytest
 
 from troll.checkpoint import check_checkpoint, damaged_file
 
-GSM8K = Path(__file__).resolve().parent / "data" / "gsm8k"
 TINY = ["--sft_steps", "0", "--steps", "2", "--eval_size", "4", "--eval_every", "1", "--save_every", "1"]
 TINY += ["--prompts_per_step", "2", "--samples_per_prompt", "2"]
 DONE = 2  # the tiny runs' steps: resume asks for one more
@@ -215,6 +214,11 @@ def plotted(root: Path, work: Path, result: Result) -> str | None:
     return None if (work / "plots" / "metrics.png").is_file() else "plot wrote no figure"
 
 
+def inspected(root: Path, work: Path, result: Result) -> str | None:
+    shown = " at step " in result.out and (work / "page.html").is_file()
+    return None if shown else f"inspect printed {result.out[-500:]!r} and wrote no page"
+
+
 def reported(root: Path, work: Path, result: Result) -> str | None:
     return None if "| cell |" in result.out else f"the report printed {result.out[-500:]!r}"
 
@@ -234,7 +238,7 @@ class Command:
     reads: Callable[[Path, Path], bool] = lambda root, rel: True  # (pristine artifact, file relative to it)
 
 
-EVAL = ["--data", str(GSM8K), "--limit", "2", "--max-new-tokens", "4", "--backend", "hf"]
+EVAL = ["--task", "addition", "--limit", "2", "--max_new_tokens", "4", "--backend", "hf"]  # the task the runs learn
 COMMANDS = {
     "resume": Command(
         "troll.train",
@@ -256,6 +260,12 @@ COMMANDS = {
         plotted,
         lambda root, rel: rel.parent == Path("."),
     ),
+    "inspect": Command(  # it reads config.json and tokens.jsonl
+        "troll.inspect",
+        lambda root, rel, work: [str(root), "--out", str(work / "page.html")],
+        inspected,
+        lambda root, rel: str(rel) in ("config.json", "tokens.jsonl"),
+    ),
     "bandit-report": Command(
         "study.bandit", lambda root, rel, work: ["--report", "--results", str(root / rel)], reported
     ),
@@ -266,7 +276,7 @@ COMMANDS = {
     ),
 }
 READERS = {  # the commands that read each artifact's files
-    "full": ("resume", "evaluate", "plot"),
+    "full": ("resume", "evaluate", "plot", "inspect"),
     "lora": ("resume", "evaluate", "export", "plot"),
     "export": ("evaluate",),
     "study": ("bandit-report", "bandit-figures"),

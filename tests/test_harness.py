@@ -4,16 +4,20 @@ resumable, a directory belongs to one run, resume says what changes, damaged fil
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
+from test_damage import invoke
+from test_misuse import tree
 from test_train import rows, tiny
 
 from troll.checkpoint import complete_checkpoints, read_jsonl, truncate_jsonl
 from troll.config import Config
-from troll.harness import Run, RunError
+from troll.harness import MARKER, Run, RunError
 from troll.train import train
 
 pytestmark = pytest.mark.usefixtures("varied_reward")
@@ -111,18 +115,22 @@ def test_a_second_process_on_the_same_out_is_refused(tmp_path):
 @pytest.mark.slow
 def test_foreign_files_are_not_overwritten(tmp_path):
     """A directory holding a finished run's files without checkpoints (or another config's) is refused, naming
-    the files; nothing in it changes."""
+    the files; nothing in it changes. Without troll's marker it is not a run's folder at all; with it, the files
+    are a finished run's."""
     out = tmp_path / "run"
     out.mkdir()
     (out / "summary.json").write_text('{"eval_after": 0.9}\n')
     (out / "metrics.jsonl").write_text('{"step": 1}\n')
-    before = {p.name: p.read_bytes() for p in out.iterdir()}
-    with pytest.raises(RunError, match=r"would overwrite \(metrics.jsonl, summary.json\)"):
-        train(tiny(tmp_path))
-    assert {p.name: p.read_bytes() for p in out.iterdir() if p.name != ".lock"} == before
-    done = cli("--out", str(out), "--sft_steps", "0", "--steps", "1")
-    assert done.returncode == 2 and "would overwrite" in done.stderr and "Traceback" not in done.stderr
-    assert len(done.stderr.strip().splitlines()) == 1
+    for marked, words in ((False, "holds no troll run (metrics.jsonl, summary.json"), (True, "would overwrite")):
+        if marked:
+            (out / MARKER).write_text('{"kind": "troll run", "folder": "made"}\n')
+        before = tree(out)
+        with pytest.raises(RunError, match=re.escape(words)):
+            train(tiny(tmp_path))
+        assert {k: v for k, v in tree(out).items() if k != ".lock" or not marked} == before  # a run's folder: locked
+        done = cli("--out", str(out), "--sft_steps", "0", "--steps", "1")
+        assert done.returncode == 2 and words in done.stderr and "Traceback" not in done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1
 
 
 def test_a_finished_run_is_not_restarted_over(tmp_path):
@@ -267,3 +275,126 @@ def test_a_pending_batch_saved_with_a_field_since_removed_loads(tmp_path):
     (loaded,) = torch.load(tmp_path / "trainer.pt", weights_only=False)["pending"]
     assert isinstance(loaded, Batch) and torch.equal(loaded.rewards, batch.rewards)
     assert torch.equal(loaded.rng_state, batch.rng_state) and (loaded.time_generate, loaded.time_score) == (1.5, 0.5)
+
+
+# ------------------------------------------------------------------ whose folder: a run writes only in its own
+
+QUICK = ["--sft_steps", "0", "--eval_size", "4", "--eval_every", "1", "--save_every", "1", "--prompts_per_step", "4",
+         "--samples_per_prompt", "2", "--steps", "1"]  # fmt: skip
+
+
+def users_folder(out: Path, *kinds: str) -> None:
+    """A folder of someone else's files, of names a run also writes: a model's config.json, a project's checkpoint,
+    notes in base/, their own .lock, a config.json that links to a valid troll config elsewhere."""
+    out.mkdir()
+    for kind in kinds:
+        if kind == "config.json":
+            (out / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "hidden_size": 64}\n')
+        elif kind == "checkpoints":
+            (out / "checkpoints" / "epoch3").mkdir(parents=True)
+            (out / "checkpoints" / "epoch3" / "model.pt").write_bytes(b"\x80\x02weights")
+        elif kind == "base":
+            (out / "base").mkdir()
+            (out / "base" / "notes.txt").write_text("my notes\n")
+        elif kind == ".lock":
+            (out / ".lock").write_text("my lock: do not touch\n")
+        else:  # "linked config.json"
+            (out.parent / "elsewhere").mkdir()
+            Config(out=str(out)).save(out.parent / "elsewhere" / "config.json")
+            (out / "config.json").symlink_to(out.parent / "elsewhere" / "config.json")
+
+
+KINDS = ["config.json", "checkpoints", "base", ".lock", "linked config.json"]
+
+
+@pytest.mark.parametrize("resume", [False, True], ids=["new", "resume"])
+@pytest.mark.parametrize("kinds", [[k] for k in KINDS] + [KINDS[:-1], KINDS[1:]], ids=[*KINDS, "all", "all linked"])
+def test_a_folder_that_is_not_a_runs_is_refused_and_left_byte_for_byte(tmp_path, kinds, resume):
+    """`troll.train --out DIR` in a folder of someone else's files (issue: it once took them for a failed start,
+    overwrote config.json and deleted checkpoints/ and base/): one line naming the folder, exit 2, and every byte,
+    link and folder under tmp_path as it was (nothing added either, not even a lock)."""
+    out = tmp_path / "mine"
+    users_folder(out, *kinds)
+    before = tree(tmp_path)
+    result = invoke("troll.train", "--out", str(out), *(["--resume", "true"] if resume else QUICK))
+    lines = result.err.strip().splitlines()
+    assert result.status == 2 and len(lines) == 1 and str(out) in lines[0], result.err[-3000:]
+    assert resume or "choose a new or empty --out" in lines[0]
+    assert tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("name", ["config.json", "metrics.jsonl", "config.json.tmp", ".lock", MARKER, "checkpoints"])
+def test_a_link_where_the_run_writes_is_refused_never_written_through(tmp_path, name):
+    """In a run's own folder (here: a start that failed before its first checkpoint), a symbolic link where the run
+    writes: one line naming it, exit 2; the link and what it points to as they were."""
+    out = tmp_path / "run"
+    Run.open(tiny(tmp_path)).lock.close()  # claimed: the marker and config.json written, then the start failed
+    target = tmp_path / "elsewhere"
+    if name == "checkpoints":
+        target.mkdir()
+        (target / "latest").write_text("mine\n")
+    else:
+        target.write_text("someone's file\n")
+    if (out / name).exists():
+        (out / name).unlink()
+    (out / name).symlink_to(target)
+    before = tree(tmp_path)
+    result = invoke("troll.train", "--out", str(out), *QUICK)
+    lines = result.err.strip().splitlines()
+    assert result.status == 2 and len(lines) == 1 and str(out / name) in lines[0], result.err[-3000:]
+    assert "symbolic link" in lines[0]
+    assert tree(tmp_path) == before
+
+
+def test_a_new_or_empty_folder_is_marked_and_a_lock_not_troll_s_is_never_rewritten(tmp_path):
+    """A new folder (its parents too) and an empty one are claimed: the marker first, saying which. A .lock in a
+    run's folder that does not hold troll's "pid N" is locked as it is, its bytes unchanged."""
+    new, empty = tmp_path / "a" / "new", tmp_path / "empty"
+    empty.mkdir()
+    for out, folder in ((new, "made"), (empty, "empty")):
+        with Run.open(dataclasses.replace(tiny(tmp_path), out=str(out))):
+            assert json.loads((out / MARKER).read_text()) == {"kind": "troll run", "folder": folder}
+            assert (out / ".lock").read_text() == f"pid {os.getpid()}\n"
+        assert sorted(p.name for p in out.iterdir()) == [".lock", MARKER, "config.json"]
+    (empty / ".lock").write_text("my notes\n")
+    with Run.open(dataclasses.replace(tiny(tmp_path), out=str(empty))):
+        assert (empty / ".lock").read_text() == "my notes\n"
+    assert (empty / ".lock").read_text() == "my notes\n"
+
+
+def test_a_failed_start_leaves_a_folder_the_same_command_starts_again(tmp_path, monkeypatch, capsys):
+    """A start that failed after claiming an empty folder (here: the rollout engine) leaves the marker and the run's
+    files; the same command starts again there, removing only the run's files: one of the user's put there since
+    stays."""
+    out = tmp_path / "run"
+    out.mkdir()
+    cfg = tiny(tmp_path, steps=1)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the engine did not start")
+
+    monkeypatch.setattr("troll.train.make_generator", broken)
+    with pytest.raises(RuntimeError, match="did not start"):
+        train(cfg)
+    monkeypatch.undo()
+    assert (out / MARKER).is_file() and (out / "config.json").is_file() and not (out / "checkpoints").exists()
+    (out / "notes.txt").write_text("mine\n")
+    capsys.readouterr()
+    train(cfg)
+    assert "stopped before its first checkpoint here (config.json)" in capsys.readouterr().out
+    assert (out / "notes.txt").read_text() == "mine\n" and [m["step"] for m in rows(out)] == [1]
+
+
+def test_a_run_made_before_the_marker_resumes_and_is_marked(tmp_path, capsys):
+    """A run from before troll marked its folders (a config.json troll accepts beside a whole checkpoint) resumes,
+    and is marked "adopted"; a new run there is refused as in any run's folder."""
+    cfg = tiny(tmp_path, steps=2, save_every=1)
+    out = tmp_path / "run"
+    train(dataclasses.replace(cfg, steps=1))
+    (out / MARKER).unlink()
+    with pytest.raises(RunError, match="already holds a run"):
+        train(cfg)
+    assert not (out / MARKER).exists()
+    train(dataclasses.replace(cfg, resume=True))
+    assert [m["step"] for m in rows(out)] == [1, 2]
+    assert json.loads((out / MARKER).read_text()) == {"kind": "troll run", "folder": "adopted"}

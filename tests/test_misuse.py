@@ -28,6 +28,7 @@ import pytest
 import torch
 from test_commands import GOOD, ROOT, command
 
+from troll.config import Config
 from troll.sparse import sparsify_topk
 
 NO_VLLM = (
@@ -46,6 +47,18 @@ def files(root: Path) -> dict[str, bytes]:
     return {
         str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file() and p.name != ".lock"
     }
+
+
+def tree(root: Path) -> dict[str, tuple]:
+    """Everything under `root`, links not followed: each file's bytes, each link's target, each folder: what a
+    command must leave as it was, `.lock` included (a user's file of that name is no lock of troll's)."""
+    found: dict[str, tuple] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            kind = ("link", os.readlink(p)) if p.is_symlink() else ("dir",) if p.is_dir() else ("file", p.read_bytes())
+            found[str(p.relative_to(root))] = kind
+    return found
 
 
 def one_line(result: subprocess.CompletedProcess, status: int, *words: str) -> str:
@@ -76,7 +89,7 @@ def workdir(tmp_path: Path) -> Path:
     for name in ("config.json", "model.safetensors", "tokenizer.json"):
         (ckpt / name).write_text("{}")
     (tmp_path / "run" / "checkpoints" / "latest").write_text("step-000001")
-    (tmp_path / "run" / "config.json").write_text(json.dumps({"task": "gsm8k", "data": str(data)}))
+    Config(task="gsm8k", data=str(data)).save(tmp_path / "run" / "config.json")
     return tmp_path
 
 
@@ -114,6 +127,77 @@ def test_a_missing_vllm_is_refused_before_anything_is_written(workdir, module, f
     one_line(without_vllm(module, *out, *data, *(f.format(w=workdir) for f in flags)), 2, "vllm", "--backend hf")
     assert files(workdir) == before
     assert not (workdir / "new").exists()
+
+
+# ------------------------------------------------------------------- files that are not the command's: troll.plot
+
+
+@pytest.fixture
+def plotted_run(tmp_path: Path) -> Path:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 0, "eval_acc": 0.2}\n{"step": 1, "reward": 0.5}\n')
+    return run
+
+
+def plot(capsys, *argv: str) -> tuple[int, str]:
+    """`python -m troll.plot argv` in this process: its exit status and stderr."""
+    from troll.plot import main
+
+    try:
+        main(list(argv))
+        status = 0
+    except SystemExit as e:
+        status = e.code
+    return status, capsys.readouterr().err
+
+
+def png_of_matplotlib(path: Path) -> None:
+    """A figure matplotlib writes without troll.plot's mark: someone's, or one troll.plot wrote before it had one."""
+    from matplotlib.figure import Figure
+
+    fig = Figure()
+    fig.subplots().plot([0, 1])
+    fig.savefig(path)
+
+
+@pytest.mark.parametrize("kind", ["a file", "a figure", "a link", "a dangling link", "a folder"])
+def test_plot_never_replaces_or_writes_through_what_it_did_not_write(plotted_run, tmp_path, capsys, kind):
+    """A metrics.png in --out that troll.plot did not write (a user's file, a figure without its mark, a folder) or a
+    symbolic link of that name (to a user's file, or to none): one line naming it, exit 2, every byte as it was."""
+    out = tmp_path / "plots"
+    out.mkdir()
+    figure, mine = out / "metrics.png", tmp_path / "mine.png"
+    if kind == "a file":
+        figure.write_bytes(b"my own metrics.png")
+    elif kind == "a figure":
+        png_of_matplotlib(figure)
+    elif kind == "a link":
+        png_of_matplotlib(mine)
+        figure.symlink_to(mine)
+    elif kind == "a dangling link":
+        figure.symlink_to(mine)
+    else:
+        (figure / "notes.txt").parent.mkdir()
+        (figure / "notes.txt").write_text("mine")
+    before = tree(tmp_path)
+    status, err = plot(capsys, str(plotted_run), "--out", str(out))
+    assert status == 2 and len(err.strip().splitlines()) == 1, err
+    assert str(figure) in err and "choose another --out" in err and "Traceback" not in err
+    assert tree(tmp_path) == before
+
+
+def test_plot_replaces_its_own_figure(plotted_run, tmp_path, capsys):
+    """A figure troll.plot wrote carries its mark: the same command replaces it, and nothing else is left."""
+    from troll.plot import marked
+
+    out = tmp_path / "plots"
+    assert plot(capsys, str(plotted_run), "--out", str(out)) == (0, "")
+    assert marked(out / "metrics.png")
+    (out / "metrics.png").write_bytes((out / "metrics.png").read_bytes()[:-12])  # its own, torn: still its own
+    assert plot(capsys, str(plotted_run), "--out", str(out)) == (0, "")
+    assert [p.name for p in out.iterdir()] == ["metrics.png"] and marked(out / "metrics.png")
+    assert (out / "metrics.png").read_bytes().endswith(b"IEND\xaeB`\x82")  # whole again: PNG's last chunk
 
 
 # ---------------------------------------------------------------------------------- damaged run files: resume

@@ -1,6 +1,7 @@
 """A run's start through the real command (issue 40): nothing is written before everything checkable is checked, a
-start that failed later leaves a folder the corrected command runs in, a third-party exception while the run
-starts is one line, every flag given acts or is refused, and a resume never goes back in steps.
+start that failed later leaves a folder the corrected command runs in (and a folder that is not troll's is refused,
+unchanged), a third-party exception while the run starts is one line, every flag given acts or is refused, and a
+resume never goes back in steps.
 
 Each test runs `python -m troll.train` in a subprocess, as a user does; the invariant: exit 0, or exit 2 with one
 line naming the setting or file and the way forward, no traceback, and no finished checkpoint lost."""
@@ -46,14 +47,13 @@ def ran(result, out: Path, steps: int = 1) -> None:
 def test_a_failed_start_writes_nothing(tmp_path, wrong, right, words):
     """A check that needs the model or the data (every prompt too long; a LoRA target name that matches no layer,
     which PEFT drops in silence when another matches) refuses the run before <out> is made; the corrected command
-    then runs in the same --out. An --out that exists keeps its files: only .lock is added."""
+    then runs in the same --out. An empty --out stays empty (a new run locks it when it claims it)."""
     out = tmp_path / "run"
     one_line(train(out, *QUICK, *wrong), 2, *words)
     assert not out.exists()
     out.mkdir()
-    (out / "notes.txt").write_text("mine")
     one_line(train(out, *QUICK, *wrong), 2, *words)
-    assert files(out) == {"notes.txt": b"mine"}
+    assert list(out.iterdir()) == []
     ran(train(out, *QUICK, *right), out)
 
 
@@ -101,9 +101,10 @@ def test_a_start_that_failed_after_writing_restarts_with_other_flags(tmp_path, m
 
 
 def test_a_failed_start_of_another_config_restarts_but_a_whole_checkpoint_is_never_removed(tmp_path):
-    """The files an older troll's failed start left (another config's config.json, metrics, a half-written
-    checkpoint folder, a LoRA base): the new run starts there. A folder with a whole checkpoint is refused,
-    unchanged."""
+    """The files a failed start left in the folder troll made (another config's config.json, metrics, a
+    half-written checkpoint folder, a LoRA base): the new run starts there, removing those of the run's names only.
+    The same files without troll's marker (an older troll's failed start, or someone's folder: no file there can be
+    told to be troll's) are refused, unchanged. A folder with a whole checkpoint is refused, unchanged."""
     out = tmp_path / "run"
     ran(train(out, *QUICK), out)
     finished = files(out)
@@ -115,10 +116,17 @@ def test_a_failed_start_of_another_config_restarts_but_a_whole_checkpoint_is_nev
     (out / "checkpoints" / ".tmp-step-000000").mkdir(parents=True)
     (out / "base").mkdir()
     (out / "base" / "config.json").write_text("{}")
+    (out / "notes.txt").write_text("mine")
+    marker = (out / ".troll-run").read_bytes()
+    (out / ".troll-run").unlink()
+    before = files(out)
+    one_line(train(out, *QUICK, "--lr", "1e-3"), 2, str(out), "choose a new or empty --out")
+    assert files(out) == before
+    (out / ".troll-run").write_bytes(marker)
     result = train(out, *QUICK, "--lr", "1e-3")
     ran(result, out)
     assert "stopped before its first checkpoint" in result.stdout and not (out / "base").exists()
-    assert set(files(out)) == set(finished)
+    assert set(files(out)) == set(finished) | {"notes.txt"} and (out / "notes.txt").read_text() == "mine"
 
 
 def test_a_damaged_base_on_resume_is_one_line_and_changes_nothing(tmp_path):

@@ -2,7 +2,7 @@
 
     with Run.open(cfg, claim=False) as run:  # a new run, or the checkpoint to resume from; nothing written yet
         ... build the model from run.checkpoint (None: fresh weights), load the data, check them ...
-        run.claim()                   # <out> made and locked, config.json written: the run's first write
+        run.claim()                   # <out> made or claimed, locked, marked, config.json written
         run.begin(acc, records, extra, model, tokenizer, opt, sched)       # new run: step-0 evaluation, checkpoint
         run.restore(opt, sched)                                            # resumed run: optimiser, schedule, logs
         for step in run.steps():                                           # tqdm over the remaining RL steps
@@ -13,19 +13,28 @@ Files (troll.checkpoint writes them crash-safe): config.json (the config in forc
 step, one row {"step", "eval_acc"} per evaluation, the first at step 0), samples.jsonl (a few completions per
 evaluation), checkpoints/ (the last two, each with the run's state), summary.json (eval_before, eval_after = the
 last evaluation, eval_best and its step, the warm-start's record, resume changes, wall clock over all sessions),
-tensorboard/ with `--log_to tensorboard`.
+tensorboard/ with `--log_to tensorboard`; .troll-run and .lock, the folder's marker and lock (Rules).
 
 Rules:
-- Nothing is written before everything checkable is checked: `Run.open` only reads (and locks an `out` that
-  exists: `.lock` is the one file it may add), troll.train checks the model and the data, then `claim` makes
-  `out` and writes config.json. Exceptions raised by third-party code (transformers, peft, tokenizers,
-  safetensors) while the run starts become a RunError naming the package (`starting`); a bug in troll keeps its
-  traceback.
+- Nothing is written before everything checkable is checked: `Run.open` only reads (and locks a folder that is
+  already a run's: `.lock` is the one file it may add), troll.train checks the model and the data, then `claim`
+  makes `out` (or claims an empty one) and writes the marker, then config.json. Exceptions raised by third-party
+  code (transformers, peft, tokenizers, safetensors) while the run starts become a RunError naming the package
+  (`starting`); a bug in troll keeps its traceback.
+- A run writes only in a folder that is its own, told by what troll wrote there, never by file names alone: a new
+  or empty folder (nothing but troll's lock in it), which `claim` marks by writing `.troll-run` first ({"kind":
+  "troll run", "folder": "made" | "empty" | "adopted"}); a folder holding that marker; or a run made before the
+  marker existed, recognised by a config.json that Config.load accepts (every field) beside a whole checkpoint,
+  and marked "adopted" when it is resumed. Any other folder is refused before anything is written in it, naming
+  it: a new or empty --out is the way forward. A symbolic link where the run writes (its files, their temporary
+  files, the lock, the marker, checkpoints/' entries) is refused, never written through. The lock is created
+  exclusively or opened as it is, never through a link, and rewritten only when it holds troll's "pid N".
 - One run per directory: a lock file (`.lock`, flock) refuses a second process on the same `out` while the first
   lives. A new run refuses a directory holding a whole checkpoint (resume it) or a summary.json (a finished run's)
-  beside its other files, naming them. A directory with neither is a start that failed before its first
-  checkpoint, of any config: its files are removed and the run starts, saying so. A whole checkpoint is never
-  removed. `--resume true` with no checkpoint yet starts from the beginning too, saying so.
+  beside its other files, naming them. A marked folder that troll made or found empty, with neither, is a start
+  that failed before its first checkpoint, of any config: its files of the names in RUN_FILES and START_FILES (the
+  only ones the run writes) are removed, anything else in it is left, and the run starts, saying so. A whole
+  checkpoint is never removed. `--resume true` with no checkpoint yet starts from the beginning too, saying so.
 - `--steps` below the steps the resumed checkpoint has done is refused, naming its step.
 - Resume continues from the newest checkpoint that is whole; a damaged one is named and the older one used.
   Metrics and samples rows past it are dropped (the resumed run writes them again). A finished run (checkpoint
@@ -34,17 +43,22 @@ Rules:
   in summary.json's `changes`; any other difference is refused, naming the fields. State saved by an older
   troll without every key this one writes is refused, as troll.config refuses such a config.json.
 - `RunError` is a problem with the run directory that the user fixes; the command line prints it on one line.
+- `claim_folder` marks a run's folder ahead of the run, for a caller that keeps its own files in it
+  (study.runner's log.txt): the folder is then the run's, and its other files stay.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import fcntl
 import importlib.util
 import json
 import os
+import re
 import shutil
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -70,6 +84,13 @@ from troll.metrics import Logger, logger_missing
 RUN_FILES = ("config.json", "metrics.jsonl", "samples.jsonl", "tokens.jsonl", "summary.json", "checkpoints", "base")
 # what a start that failed before its first checkpoint may leave besides RUN_FILES (troll.train, troll.checkpoint)
 START_FILES = (".tmp-base", "engine-init", "tensorboard")
+LOCK = ".lock"  # the run's lock (flock), holding "pid N" of its holder
+LOCK_TEXT = re.compile(rb"pid \d+\n")
+MARKER, MARKER_KIND = ".troll-run", "troll run"  # written first when a run claims its folder: the folder is troll's
+# the marker's "folder", how the run came to own it; a failed start is cleaned up only where troll made the folder
+# or found it empty, so that every file there of a name in RUN_FILES or START_FILES is the run's own
+CLEANABLE = ("made", "empty")
+FOLDERS = (*CLEANABLE, "adopted")  # adopted: a run made before the marker, marked when resumed (`_older_run`)
 # packages whose exceptions during start-up are about the user's model, files or settings (`starting`)
 THIRD_PARTY = ("transformers", "peft", "tokenizers", "safetensors", "huggingface_hub")
 # what trainer.pt holds besides the optimiser and schedule; `config`: the settings it was written with
@@ -177,6 +198,7 @@ class Run:
         self.cfg, self.out, self.lock = cfg, Path(cfg.out), lock
         self.checkpoint, self.state = checkpoint, state
         self.leftover: list[str] = []  # the files of a failed start, removed by `claim`
+        self.folder: str | None = None  # how the run owns `out` (`_ownership`); None: new or empty
         self.device = device_of(cfg)
         self.t_start = time.time() - (state or {}).get("wall_clock_s", 0.0)
         self.metrics, self.samples = self.out / "metrics.jsonl", self.out / "samples.jsonl"
@@ -198,8 +220,9 @@ class Run:
     @classmethod
     def open(cls, cfg: Config, claim: bool = True) -> Run:
         """The run in `cfg.out`: new, restarted after a failed start, or resumed from its newest whole checkpoint,
-        decided by reading only (an `out` that exists is locked at once). With `claim` the run claims `out` at once
-        (`claim`); troll.train passes False, checks the model and the data, then claims."""
+        decided by reading only (a folder that is a run's already is locked at once; one that is neither a run's nor
+        empty is refused, `_ownership`). With `claim` the run claims `out` at once (`claim`); troll.train passes
+        False, checks the model and the data, then claims."""
         if missing := logger_missing(cfg.log_to):  # before anything is written, as the command line does
             raise ImportError(missing)
         if missing := environment_missing(cfg):
@@ -207,10 +230,14 @@ class Run:
         out = Path(cfg.out)
         if out.exists() and not out.is_dir():
             raise RunError(f"--out {out} cannot be a run directory (it is a file): choose another --out")
-        lock = _lock(out) if out.is_dir() else None
+        folder = _ownership(out) if out.is_dir() else None  # read only: a folder not troll's gets no lock
+        lock = _lock(out) if folder is not None else None  # a run's folder now; a new or empty one when claimed
         try:
+            if lock is not None:
+                folder = _ownership(out)  # again, under the lock
+                _check_links(out)
             checkpoint, state = _pick_checkpoint(out) if cfg.resume else (None, None)
-            leftover = _check_fresh(out) if state is None else []
+            leftover = _check_fresh(out, folder) if state is None else []
             if state is not None:
                 cfg = _resumed_config(cfg, state)
                 if state["step"] > cfg.steps:
@@ -222,7 +249,7 @@ class Run:
                 cfg = dataclasses.replace(cfg, micro_batch_tokens=auto_micro_batch(cfg, device_of(cfg)))
                 print(f"micro_batch_tokens auto: {cfg.micro_batch_tokens}")
             run = cls(cfg, lock, checkpoint, state)
-            run.leftover = leftover
+            run.leftover, run.folder = leftover, folder
             if claim:
                 run.claim()
         except BaseException:
@@ -232,26 +259,33 @@ class Run:
         return run
 
     def claim(self) -> None:
-        """The run's first write, once everything checkable is checked: `out` made and locked if it is new (and
-        checked again: another process may have written there since `open`), a failed start's files removed,
-        config.json written, and a resumed run's summary.json removed (`finish` writes it again)."""
-        out = self.out
+        """The run's first write, once everything checkable is checked: `out` made (or, empty, claimed) and locked if
+        it was new or empty at `open` (and checked again: another process may have written there since), the marker
+        written where it is missing (`_write_marker`: first), a failed start's files removed, config.json written,
+        and a resumed run's summary.json removed (`finish` writes it again)."""
+        out, made = self.out, False
         if self.lock is None:
-            try:
-                out.mkdir(parents=True, exist_ok=True)
-            except (FileExistsError, NotADirectoryError, PermissionError) as e:
-                raise RunError(f"--out {out} cannot be a run directory ({e.strerror})") from None
+            made = _make(out)
+            _ownership(out)  # a folder that is not troll's (written since `open`) is refused before it is locked
             self.lock = _lock(out)
+            self.folder = _ownership(out)
             if self.state is None:
-                self.leftover = _check_fresh(out)
+                self.leftover = _check_fresh(out, self.folder)
+        _check_links(out)
+        if self.folder is None:
+            self.folder = "made" if made else "empty"
+            _write_marker(out, self.folder)
+        elif self.folder == "older":
+            self.folder = "adopted"
+            _write_marker(out, self.folder)
         if self.leftover:
             print(f"{out}: a run stopped before its first checkpoint here ({', '.join(self.leftover)}); starting this "
                   "run from the beginning")  # fmt: skip
-            for name in (*RUN_FILES, *START_FILES):
+            for name in self.leftover:  # no link among them (`_check_links`)
                 path = out / name
-                if path.is_dir() and not path.is_symlink():
+                if path.is_dir():
                     shutil.rmtree(path)
-                elif path.exists() or path.is_symlink():
+                else:
                     path.unlink()
             self.leftover = []
         if not self.finished:
@@ -389,30 +423,169 @@ def read_json_object(path: Path) -> dict:
     return obj
 
 
-def _lock(out: Path) -> Any:
-    """An exclusive lock on <out>/.lock for this process's lifetime (released when the file is closed)."""
-    f = open(out / ".lock", "a+")  # noqa: SIM115 (held open until the run ends)
+def claim_folder(out: str | Path) -> None:
+    """Make `out` a run's folder ahead of the run, for a caller that keeps its own files in it (study.runner's
+    log.txt), which would leave the folder neither empty nor troll's: a new or empty folder is made or claimed and
+    marked (`_write_marker`), one that is a run's already is left as it is, any other is refused (a RunError)."""
+    out = Path(out)
+    made = _make(out)
+    if _ownership(out) is not None:
+        return
+    with contextlib.closing(_lock(out)):
+        if _ownership(out) is None:  # again, under the lock
+            _write_marker(out, "made" if made else "empty")
+
+
+def _make(out: Path) -> bool:
+    """Make folder `out` and its parents; whether this call made it (False: it was there)."""
     try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError as e:
-        f.seek(0)
-        holder = f.read().strip() or "another process"
+        out.mkdir(parents=True)
+        return True
+    except FileExistsError as e:
+        if out.is_dir():
+            return False
+        raise RunError(f"--out {out} cannot be a run directory ({e.strerror}): choose another --out") from None
+    except (NotADirectoryError, PermissionError) as e:
+        raise RunError(f"--out {out} cannot be a run directory ({e.strerror})") from None
+
+
+def _ownership(out: Path) -> str | None:
+    """Whose folder `out` is, read only: None when it is empty (nothing in it but troll's lock), the marker's
+    "folder" when troll claimed it (FOLDERS), "older" for a run made before the marker (`_older_run`). Any other
+    folder is a RunError naming it: a run writes only where every file of its names is its own."""
+    entries = sorted(p.name for p in out.iterdir() if not (p.name == LOCK and _troll_lock(p)))
+    if not entries:
+        return None
+    marker = out / MARKER
+    if marker.is_symlink() or (marker.exists() and not marker.is_file()):
+        what = "a symbolic link" if marker.is_symlink() else "a folder" if marker.is_dir() else "not a regular file"
+        raise RunError(f"{marker} is {what}, not the marker file troll writes: move it away, or choose another --out")
+    if marker.exists():
+        try:
+            mark = json.loads(marker.read_bytes())
+        except (OSError, ValueError) as e:  # not UTF-8 or not JSON
+            mark, why = None, f"it cannot be read: {type(e).__name__}"
+        else:
+            why = "it is not troll's marker"
+        if isinstance(mark, dict) and mark.get("kind") == MARKER_KIND and mark.get("folder") in FOLDERS:
+            return mark["folder"]
+        if _older_run(out):
+            return "older"  # its marker is written again when the run is resumed
+        raise RunError(
+            f"{marker} is damaged ({why}), and {out} holds no run troll recognises without it (a config.json beside "
+            "a whole checkpoint): choose another --out"
+        )
+    if _older_run(out):
+        return "older"
+    shown = ", ".join(entries[:4]) + (", ..." if len(entries) > 4 else "")
+    raise RunError(
+        f"--out {out} is not empty and holds no troll run ({shown}; no {MARKER}): a run writes only in a new or "
+        "empty folder, or in its own: choose a new or empty --out"
+    )
+
+
+def _older_run(out: Path) -> bool:
+    """Whether `out` holds a run made before troll marked its folders: a config.json (a file, not a link) that
+    Config.load accepts, every field present, beside a whole checkpoint (`check_checkpoint`). Another program's
+    config.json, or checkpoints not in troll's layout, are not one."""
+    config = out / "config.json"
+    if config.is_symlink() or not config.is_file():
+        return False
+    try:
+        Config.load(config)
+        return any(not c.is_symlink() and check_checkpoint(c) is None for c in complete_checkpoints(out))
+    except (OSError, ValueError):
+        return False
+
+
+def _write_marker(out: Path, folder: str) -> None:
+    """Write <out>/.troll-run, {"kind": "troll run", "folder": how the run owns `out`}: created exclusively and never
+    through a link; a damaged one, beside an older run's files (`_ownership`), is replaced whole."""
+    marker, mark = out / MARKER, {"kind": MARKER_KIND, "folder": folder}
+    if marker.exists():
+        write_json(marker, mark)
+        print(f"{marker} could not be read: written again (the run is recognised by its config.json and checkpoint)")
+        return
+    fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(mark) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _link_refused(path: Path) -> RunError:
+    return RunError(
+        f"{path} is a symbolic link, and troll never writes through one: remove the link (what it points to is left "
+        "alone), or choose another --out"
+    )
+
+
+def _check_links(out: Path) -> None:
+    """A RunError for a symbolic link where the run writes: a name of RUN_FILES or START_FILES, the lock, the
+    marker, W&B's folder, their temporary files, or an entry of checkpoints/ (`latest`, step-*)."""
+    names = {LOCK, MARKER, "wandb", *RUN_FILES, *START_FILES}
+    paths = [out / n for n in sorted(names | {f"{n}.tmp" for n in names} | {f".{n}.tmp" for n in names})]
+    checkpoints = out / "checkpoints"
+    if checkpoints.is_dir() and not checkpoints.is_symlink():
+        paths += sorted(checkpoints.iterdir())
+    if link := next((p for p in paths if p.is_symlink()), None):
+        raise _link_refused(link)
+
+
+def _troll_lock(path: Path) -> bool:
+    """Whether `path` is a lock troll wrote: a file, not a link, that is empty or holds "pid N"."""
+    if path.is_symlink() or not path.is_file():
+        return False
+    try:
+        with open(path, "rb") as f:
+            text = f.read(65)
+    except OSError:
+        return False
+    return text == b"" or LOCK_TEXT.fullmatch(text) is not None
+
+
+def _lock(out: Path) -> Any:
+    """An exclusive lock on <out>/.lock for this process's lifetime (released when the file is closed). The file is
+    created exclusively, or opened as it is, never through a link; its holder's pid is written in it only when troll
+    created it or it holds troll's "pid N" (a file of someone else's is never truncated)."""
+    path, flags = out / LOCK, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd, created = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644), True
+    except FileExistsError:
+        try:
+            fd, created = os.open(path, flags), False
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise _link_refused(path) from None
+            raise
+    f = os.fdopen(fd, "r+b")  # noqa: SIM115 (held open until the run ends)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise RunError(f"{path} is not a file, so it cannot be the run's lock: move it, or choose another --out")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as e:
+            holder = f.read(64).decode("utf-8", "replace").strip() or "another process"
+            message = f"{out} is in use by a running troll.train ({holder}): wait for it, or choose another --out"
+            raise RunError(message) from e
+        if created or LOCK_TEXT.fullmatch(f.read(65)):
+            f.seek(0)
+            f.truncate()
+            f.write(f"pid {os.getpid()}\n".encode())
+            f.flush()
+    except BaseException:
         f.close()
-        message = f"{out} is in use by a running troll.train ({holder}): wait for it, or choose another --out"
-        raise RunError(message) from e
-    f.seek(0)
-    f.truncate()
-    f.write(f"pid {os.getpid()}\n")
-    f.flush()
+        raise
     return f
 
 
-def _check_fresh(out: Path) -> list[str]:
-    """Whether a new run may start in `out`, read only: the run files there that a failed start left (removed by
-    `Run.claim`), empty when there are none. A whole checkpoint (resume it) or a summary.json (a finished run's) is
-    refused: neither is ever removed."""
-    present = [name for name in RUN_FILES if (out / name).exists()]
-    if not present:
+def _check_fresh(out: Path, folder: str | None) -> list[str]:
+    """Whether a new run may start in `out`, owned as `folder` says (`_ownership`), read only: the files there that
+    a failed start left (removed by `Run.claim`), empty when there are none. A whole checkpoint (resume it) or a
+    summary.json (a finished run's) is refused: neither is ever removed. Files are removed only where troll made
+    the folder or found it empty (CLEANABLE): there every file of the run's names is its own."""
+    present = [name for name in (*RUN_FILES, *START_FILES) if (out / name).exists()]
+    if folder is None or not present:
         return []
     if complete_checkpoints(out):
         raise RunError(f"{out} already holds a run: pass --resume true to continue it, or choose another --out")
@@ -420,6 +593,11 @@ def _check_fresh(out: Path) -> list[str]:
         raise RunError(
             f"{out} holds files this run would overwrite ({', '.join(present)}), written by another run or a "
             "finished one: choose another --out, or remove them"
+        )
+    if folder not in CLEANABLE:
+        raise RunError(
+            f"{out} holds an older troll's run with no checkpoint left ({', '.join(present)}): troll removes only "
+            "files it wrote in a folder it made or found empty; choose another --out"
         )
     return present
 

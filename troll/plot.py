@@ -12,8 +12,14 @@ response length and gradient norm. The held-out accuracy starts at step 0, the e
 shows the starting point and the gain. `figure` returns the same figure for a notebook.
 
 Usage errors exit 2 with one line naming the problem: a missing run directory, a missing or empty metrics.jsonl, a
-line in it that is not a JSON object (named by file and line), a row without an integer "step". A torn last line
-(a run killed while appending one) is skipped with a warning naming the file (`read_jsonl`).
+line in it that is not a JSON object (named by file and line), a row without an integer "step", a metrics.png in
+--out that troll.plot did not write. A torn last line (a run killed while appending one) is skipped with a warning
+naming the file (`read_jsonl`).
+
+Its own files only: every figure troll.plot writes carries the PNG text entry Software=troll.plot (FIGURE_MARK), and
+it replaces an <out>/metrics.png only when that file carries it (a figure it wrote before). Anything else there of
+that name (someone's file, a figure from before the mark, a folder, a symbolic link, which is never written through)
+is refused, unchanged: choose another --out.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
+import struct
 import sys
 import warnings
 from collections.abc import Sequence
@@ -48,6 +56,8 @@ PANELS = {  # metrics.jsonl key (troll.train.rl_step writes them) -> (the panel'
 MEAN_SHOWN = ("kl_update_mean",)  # panels that also show each run's mean over its steps (the figure docs quote)
 DEFAULT_KEYS = tuple(PANELS)
 FIGURE_NAME = "metrics.png"
+FIGURE_MARK = ("Software", "troll.plot")  # a PNG text entry (key, value) in every figure written: troll.plot's own
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 COLUMNS = 3
 
 
@@ -136,15 +146,49 @@ def figure(runs: Sequence[str | Path], keys: Sequence[str] = DEFAULT_KEYS) -> Fi
     return fig
 
 
+def marked(path: Path) -> bool:
+    """Whether file `path` is a PNG image carrying FIGURE_MARK among its text chunks: a figure troll.plot wrote."""
+    mark = "\0".join(FIGURE_MARK).encode("latin-1")  # a tEXt chunk's data: key, NUL, value
+    with open(path, "rb") as f:
+        if f.read(8) != PNG_SIGNATURE:
+            return False
+        while len(head := f.read(8)) == 8:  # each chunk: length, type, data, CRC
+            length, kind = struct.unpack(">I4s", head)
+            if kind == b"tEXt" and length == len(mark):
+                if f.read(length) == mark:
+                    return True
+                f.seek(4, os.SEEK_CUR)
+            elif kind == b"IEND":
+                return False
+            else:
+                f.seek(length + 4, os.SEEK_CUR)
+    return False
+
+
 def plot_runs(runs: Sequence[str | Path], out: str | Path, keys: Sequence[str] = DEFAULT_KEYS) -> Path | None:
-    """Write the runs' figure (`figure`) to <out>/metrics.png and return that path; None (nothing written, no
-    folder made) when no run logged any of `keys`."""
+    """Write the runs' figure (`figure`) to <out>/metrics.png, marked as troll.plot's (FIGURE_MARK), and return that
+    path; None (nothing written, no folder made) when no run logged any of `keys`. A metrics.png there that is not
+    troll.plot's (`marked`), or a symbolic link of that name, is a FileExistsError naming it, nothing written."""
     fig = figure(runs, keys)
     if fig is None:
         return None
-    Path(out).mkdir(parents=True, exist_ok=True)
     path = Path(out) / FIGURE_NAME
-    fig.savefig(path, dpi=110)
+    if path.is_symlink():
+        raise FileExistsError(
+            f"{path} is a symbolic link, and troll.plot never writes through one: choose another --out, or remove "
+            "the link (what it points to is left alone)"
+        )
+    ours = path.exists()
+    if ours and not (path.is_file() and marked(path)):
+        raise FileExistsError(
+            f"{path} is not a figure troll.plot wrote (its own carry the PNG text {'='.join(FIGURE_MARK)}), so it is "
+            "left as it is: choose another --out, or move it away"
+        )
+    Path(out).mkdir(parents=True, exist_ok=True)
+    # a figure of its own is replaced; otherwise the file is created, never over one that appeared since the check
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_TRUNC if ours else os.O_EXCL)
+    with os.fdopen(os.open(path, flags, 0o666), "wb") as f:
+        fig.savefig(f, format="png", dpi=110, metadata=dict([FIGURE_MARK]))
     return path
 
 
@@ -164,7 +208,7 @@ def main(argv: list[str] | None = None) -> None:
         with warnings.catch_warnings(record=True) as caught:  # a skipped torn line: one line on stderr
             warnings.simplefilter("always")
             written = plot_runs(args.runs, args.out)
-    except (OSError, ValueError) as e:  # a missing or damaged run directory, an --out that is a file
+    except (OSError, ValueError) as e:  # a missing or damaged run directory, an --out that is a file, a foreign figure
         fail(str(e))
     for w in caught:
         print(f"{p.prog}: warning: {w.message}", file=sys.stderr)
