@@ -56,8 +56,8 @@ files); a run directory, whose `checkpoints/latest` checkpoint is evaluated (sai
 checkpoint (adapter_config.json, or a LoRA run directory), whose adapters are loaded on the run's base and merged in
 memory in float32, as `python -m troll.export` merges them (with the hf backend: vLLM loads a model folder, which
 troll.export writes); a packaged model's name (`smollm2-135m-instruct`: troll.packaged makes its folder on first
-use); or a hub name. A name is looked up once, with a short timeout: when the hub cannot be reached (or HF_HUB_OFFLINE is set) a copy in
-the local cache is used, else the command stops at once instead of retrying for a minute. A path that does not exist,
+use); or a hub name. A name is looked up once, with a short timeout: when the hub cannot be reached (or
+HF_HUB_OFFLINE is set) a copy in the local cache is used, else the command stops at once instead of retrying. A path that does not exist,
 a folder that lacks a model or tokenizer file (named) or holds a damaged one (troll.checkpoint.damaged_file), a LoRA
 checkpoint whose run config or base is missing, an unknown hub name, bad --data, a bad number or a flag that cannot
 act: a usage error, exit 2 with one line on stderr, before any model is loaded.
