@@ -101,6 +101,15 @@ CASES = [
     ("no number here", "42", None, 0.0),
     ("", "42", None, 0.0),
     ("\\boxed{9^{9^{9^{9}}}}", "42", "9^{9^{9^{9}}}", 0.0),  # never reaches sympy
+    # from SmolLM2-135M-Instruct's GSM8K answers, read by hand (docs/results.md): a completion cut off after a step
+    # or list label states no answer, and the label is not one
+    ("Step 11: Determine the hours per month.\n\nStep 12: Determine the number", "12", None, 0.0),
+    ("the chickens are fed 25 meals per day.\n\nStep 5: Determine the number", "5", "25", 0.0),
+    ("1. Mia buys 12 apples.\n2. She buys", "2", "12", 0.0),
+    ("1) 4 * 2 = 8\n2) So the answer is 8.", "8", "8", 1.0),
+    ("The answer is\n12.", "12", "12", 1.0),  # a number alone on its last line is an answer, not a label
+    ("he traveled 20 + 15 = 35 miles.\n\n#### 35\n#### 35\n#### 35\n#### 3", "35", "3", 0.0),  # cut off: the last line
+    ("So, 150 pieces of wire were used.\n\nThe answer is 150.\n\nThe answer is 150.", "150", "150", 1.0),  # restated
 ]
 
 

@@ -29,7 +29,8 @@ format, and verl's GSM8K recipe); `reward` also accepts \\boxed{} and a bare las
 Answer extraction (`extract_answer`), first rule that yields something wins:
     1. "####": the first non-blank line after the LAST "####"      "#### $1,000."          -> "1000"
     2. \\boxed{...}: the contents of the LAST \\boxed{ (braces balanced; unbalanced -> skipped)
-    3. the last number in the text (sign, 1,000-style commas, decimals) "... 3 + 4 = 7 eggs." -> "7"
+    3. the last number in the text (sign, 1,000-style commas, decimals) "... 3 + 4 = 7 eggs." -> "7"; step and
+       list labels are not numbers here ("Step 12: Determine the" states no answer; "1. Mia has 5" -> "5")
     The extracted text is cleaned: $ and % (also \\$, \\%) dropped, thousands commas dropped, latex
     spaces (\\, \\! \\;) dropped, Unicode minus -> "-", a trailing "." dropped, and "<number> <words>"
     (units) cut to the number: "18 dollars per day" -> "18". Anything else (\\frac{1}{2}, x = 5) is
@@ -81,6 +82,7 @@ MAX_SLOW_CHARS = 64  # longest answer sent to math_verify / sympy
 MATH_VERIFY_TIMEOUT_S = 1  # per parse / comparison, main thread only (SIGALRM takes whole seconds)
 
 _NUMBER = re.compile(r"(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")  # in running text
+_LABEL = re.compile(r"\b[Ss]tep\s+\d+\s*[:.)]|^[ \t]*\d+[.)][ \t]+(?=\S)", re.MULTILINE)  # "Step 3:", "3. ..."
 _PLAIN_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")  # a whole cleaned answer
 _NUMBER_THEN_WORDS = re.compile(r"(-?\d+(?:\.\d+)?)\s+[^\W\d]")  # "18 dollars" -> "18"
 _THOUSANDS_COMMA = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
@@ -243,8 +245,9 @@ def _last_boxed(completion: str) -> str | None:
 
 
 def _last_number(completion: str) -> str | None:
-    """The last number in the text, e.g. "-3", "1,000", "42.5"."""
-    numbers = _NUMBER.findall(completion)
+    """The last number in the text, e.g. "-3", "1,000", "42.5", not counting step and list labels ("Step 12:",
+    a line opening "3. " or "3) "): a completion cut off after "Step 12: Determine the" states no answer."""
+    numbers = _NUMBER.findall(_LABEL.sub(" ", completion))
     return numbers[-1] if numbers else None
 
 
