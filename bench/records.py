@@ -11,6 +11,7 @@ Reported: the median step time (wall and CPU user) of each, the median of the pe
 bytes of a row against `row_bytes_bound`, and whether both variants' update metrics agree exactly (records change
 nothing the run computes). A run records only at its evaluated steps (every `eval_every`, 25 in tiny-cpu), so its
 overhead is the per-step one divided by eval_every; both are printed. Target: under 5% of the run's time.
+`--records_samples 0` is refused: records of no sample have no cost to measure.
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int_at_least(0), default=1, help="untimed rounds first")
     a, rest = ap.parse_known_args()
     cfg = Config.from_args(["--preset", "tiny-cpu", *rest], prog=ap.prog)
+    if cfg.records_samples < 1:  # `on` would record nothing: its cost is not the one this measures
+        ap.error(f"--records_samples {cfg.records_samples} records nothing, so there is no cost to measure: pass 1 "
+                 "or more")  # fmt: skip
     torch.manual_seed(cfg.seed)
     model, tokenizer = build_model(cfg, torch.device("cpu"))
     task, _ = load_task(cfg, tokenizer)

@@ -42,20 +42,86 @@ def one_line(err: str) -> str:
 
 
 @pytest.mark.parametrize(
-    ("argv", "words"),
+    ("argv", "words", "end"),
     [
-        (["--step", "5"], ["unrecognized arguments: --step 5"]),  # with abbreviations, this ran as --steps 5
-        (["--no-such-flag"], ["unrecognized arguments: --no-such-flag"]),
-        (["--steps", "x"], ["argument --steps: invalid int value: 'x'"]),
+        # with abbreviations, this ran as --steps 5
+        (["--step", "5"], ["unrecognized arguments: --step 5"], "; did you mean --steps?"),
+        (["--no-such-flag"], ["unrecognized arguments: --no-such-flag"], ""),
+        (["--steps", "x"], ["argument --steps: invalid int value: 'x'"], ""),
     ],
 )
-def test_a_refused_flag_is_one_line(argv, words, capsys):
+def test_a_refused_flag_is_one_line(argv, words, end, capsys):
     with pytest.raises(SystemExit) as exit_info:
         parser().parse_args(argv)
     assert exit_info.value.code == 2
     line = one_line(capsys.readouterr().err)
-    assert line.startswith("python -m x: error: ") and line.endswith("(python -m x --help lists the flags)"), line
+    assert line.startswith("python -m x: error: ") and line.endswith(f"(python -m x --help lists the flags){end}"), line
     assert all(w in line for w in words), line
+
+
+def refused(parse, argv: list[str], capsys) -> str:
+    """The one line `parse(argv)` refuses `argv` with (exit 2)."""
+    with pytest.raises(SystemExit) as exit_info:
+        parse(argv)
+    line = one_line(capsys.readouterr().err)
+    assert exit_info.value.code == 2, line
+    return line
+
+
+TRAIN_MISSPELLED = [
+    (["--lr_rate", "1e-4"], "--lr"),  # a flag extended by a word: its stem (difflib would say --lora_rank)
+    (["--lr-rate=1e-4"], "--lr"),
+    (["--step", "5"], "--steps"),  # an abbreviation, refused: the whole flag
+    (["--seeds", "1"], "--seed"),
+    (["--max-new-tokens", "8"], "--max_new_tokens"),  # dashes for underscores
+    (["--eval_evry", "5"], "--eval_every"),
+    (["--record_every", "5"], "--records_every"),
+    (["--output", "runs/x"], "--out"),
+    (["--out_dir", "runs/x"], "--out"),
+]
+
+
+@pytest.mark.parametrize(("argv", "meant"), TRAIN_MISSPELLED, ids=[" ".join(a) for a, _ in TRAIN_MISSPELLED])
+def test_a_misspelled_flag_of_troll_train_suggests_the_closest(argv, meant, capsys):
+    """troll.train's parser (troll.config.Config.parser): the line ends with the flag meant, nothing else changed."""
+    from troll.config import Config
+
+    line = refused(Config.from_args, argv, capsys)
+    head = f"python -m troll.train: error: unrecognized arguments: {' '.join(argv)}"
+    assert line == f"{head} (python -m troll.train --help lists the flags); did you mean {meant}?", line
+
+
+@pytest.mark.parametrize("argv", [["--no-such-flag", "1"], ["--batch_size", "4"], ["--epsilon", "0.1"], ["-x"]])
+def test_no_suggestion_when_no_flag_is_close(argv, capsys):
+    from troll.config import Config
+
+    line = refused(Config.from_args, argv, capsys)
+    assert line.endswith("(python -m troll.train --help lists the flags)") and "did you mean" not in line, line
+
+
+def test_every_misspelled_flag_gets_its_own_suggestion(capsys):
+    from troll.config import Config
+
+    line = refused(Config.from_args, ["--lr_rate=1e-4", "--step", "5", "--no-such-flag"], capsys)
+    assert line.endswith("lists the flags); did you mean --lr for --lr_rate, --steps for --step?"), line
+
+
+def test_another_commands_misspelled_flag_is_suggested(capsys):
+    """troll.plot's and troll.evaluate's own parsers; an unknown flag named before a missing required one gets its
+    suggestion too."""
+    from troll import evaluate, plot
+
+    line = refused(plot.main, ["runs/x", "--outt", "plots"], capsys)
+    assert line.startswith("python -m troll.plot: error: ") and line.endswith("; did you mean --out?"), line
+    line = refused(evaluate.main, ["--modle", "x"], capsys)
+    assert "unrecognized arguments: --modle; the following arguments are required: --model" in line, line
+    assert line.endswith("; did you mean --model?"), line
+
+
+def test_a_subcommands_flag_is_suggested_from_its_own_parser(capsys):
+    p = Parser(prog="tool")
+    p.add_subparsers(dest="what").add_parser("go").add_argument("--steps", type=int)
+    assert refused(p.parse_args, ["go", "--stpes", "2"], capsys).endswith("; did you mean --steps?")
 
 
 def test_the_commands_own_refusal_is_the_plain_line_and_help_is_whole(capsys):

@@ -487,6 +487,7 @@ INERT_FLAGS = [
     (["--data", "some/folder"], "--data acts only with --task gsm8k, not --task addition"),
     (["--chat", "true"], "--chat acts only with --task gsm8k"),
     (["--task", "gsm8k", "--reverse_sum", "false"], "--reverse_sum acts only with --task addition or rare"),
+    (["--records_every", "1", "--records_samples", "0"], "--records_every acts only with --records_samples > 0"),
     (["--samples_per_prompt", "1"], "samples_per_prompt=1 makes every advantage 0"),
     (["--advantage", "reinforce_pp", "--samples_per_prompt", "1"], "samples_per_prompt=1 makes every advantage 0"),
     (["--lora_rank", "4", "--lora_alpha", "0"], "lora_alpha=0 scales the adapters' update"),
@@ -527,6 +528,8 @@ def test_two_inert_flags_are_named_in_one_line(capsys):
         ["--task", "gsm8k", "--data", "x", "--chat", "true"],
         ["--task", "rare", "--reverse_sum", "false"],
         ["--samples_per_prompt", "2", "--advantage", "dr_grpo"],
+        ["--records_samples", "2", "--records_every", "3"],
+        ["--records_samples", "0"],
     ],
     ids=lambda a: " ".join(a),
 )
@@ -555,7 +558,8 @@ def test_the_rule_table_names_fields():
     assert set(ACTS_ONLY) <= names and {switch for switch, _, _ in ACTS_ONLY.values()} <= names
     default = Config()
     acting = {name for name, (switch, acts, _) in ACTS_ONLY.items() if acts(getattr(default, switch))}
-    assert acting == {"eps", "alpha", "level", "sft_target", "sft_lr", "sft_batch", "sft_probe", "reverse_sum"}
+    assert acting == {"eps", "alpha", "level", "sft_target", "sft_lr", "sft_batch", "sft_probe", "reverse_sum",
+                      "records_every"}  # fmt: skip
 
 
 def test_resume_refuses_a_flag_that_cannot_act(tmp_path, capsys):
@@ -567,3 +571,7 @@ def test_resume_refuses_a_flag_that_cannot_act(tmp_path, capsys):
         Config.from_args(["--out", str(out), "--resume", "true", "--vllm_gpu_memory", "0.5"])
     assert exit_info.value.code == 2 and "--vllm_gpu_memory acts only with --backend vllm" in capsys.readouterr().err
     assert Config.from_args(["--out", str(out), "--resume", "true", "--backend", "vllm", "--vllm_gpu_memory", "0.5"])
+    Config(records_samples=0).save(out / "config.json")  # a run without per-token records: --records_every idle
+    with pytest.raises(SystemExit) as exit_info:
+        Config.from_args(["--out", str(out), "--resume", "true", "--records_every", "5"])
+    assert exit_info.value.code == 2 and "not --records_samples 0: drop --records_every" in capsys.readouterr().err

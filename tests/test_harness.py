@@ -5,6 +5,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -398,3 +399,109 @@ def test_a_run_made_before_the_marker_resumes_and_is_marked(tmp_path, capsys):
     train(dataclasses.replace(cfg, resume=True))
     assert [m["step"] for m in rows(out)] == [1, 2]
     assert json.loads((out / MARKER).read_text()) == {"kind": "troll run", "folder": "adopted"}
+
+
+# ------------------------------------------------------------------ what a resume says, and config.json on resume
+
+
+def resume(out: Path, *flags: str):
+    """`python -m troll.train --out OUT --resume true FLAGS`, in this process (test_damage.invoke)."""
+    return invoke("troll.train", "--out", str(out), "--resume", "true", *flags)
+
+
+def test_a_resumed_run_says_its_checkpoint_its_step_and_the_steps_it_computes_again(tmp_path):
+    """A run stopped after step 3 with its last checkpoint at step 2 (metrics.jsonl shows step 3): the resumed run's
+    line names the checkpoint and its step, and the one step it computes again; a run resumed where it stopped has
+    no step to compute again. One such line each, on stdout as the run's other lines."""
+    out = tmp_path / "run"
+    train(tiny(tmp_path, steps=3, save_every=2))  # checkpoints at steps 2 and 3
+    shutil.rmtree(out / "checkpoints" / "step-000003")  # as if stopped before the checkpoint of step 3
+    (out / "summary.json").unlink()
+    ckpt = out / "checkpoints"
+    said = resume(out)
+    assert said.status == 0, said.err[-3000:]
+    lines = [line for line in said.out.splitlines() if line.startswith("resuming from")]
+    assert lines == [f"resuming from {ckpt / 'step-000002'} at step 2 of 3; recomputing 1 step done after it before "
+                     "the stop (step 3)"], said.out  # fmt: skip
+    assert [m["step"] for m in rows(out)] == [1, 2, 3]
+    said = resume(out, "--steps", "4")
+    lines = [line for line in said.out.splitlines() if line.startswith("resuming from")]
+    assert said.status == 0 and lines == [
+        f"resuming from {ckpt / 'step-000003'} at step 3 of 4; no step after it had been done"
+    ], said.out
+
+
+def test_resume_counts_every_step_after_the_checkpoint_up_to_the_last_one_done(tmp_path, capsys):
+    """Steps run in order: the last step metrics.jsonl shows decides, damaged rows before it too (dropped, warned)."""
+    out = tmp_path / "run"
+    train(tiny(tmp_path, steps=3))  # checkpoints at steps 0 and 3
+    shutil.rmtree(out / "checkpoints" / "step-000003")
+    (out / "summary.json").unlink()
+    metrics = (out / "metrics.jsonl").read_text().splitlines(keepends=True)
+    metrics[2] = "not json\n"  # a row of step 1 or 2
+    (out / "metrics.jsonl").write_text("".join(metrics))
+    capsys.readouterr()
+    with pytest.warns(UserWarning, match="line 3: skipped a damaged line"):
+        train(dataclasses.replace(tiny(tmp_path, steps=3), resume=True))
+    said = capsys.readouterr().out
+    assert f"resuming from {out / 'checkpoints' / 'step-000000'} at step 0 of 3; recomputing 3 steps done after " \
+           "it before the stop (steps 1-3)" in said  # fmt: skip
+
+
+def damaged_config(out: Path) -> bytes:
+    """Tear `out`'s config.json in half; its bytes now."""
+    path = out / "config.json"
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("folder", ["user's", "a run without its marker"])
+def test_resume_in_a_folder_not_a_runs_with_a_damaged_config_changes_nothing(tmp_path, folder):
+    """`--resume true` where config.json is damaged, in a folder troll cannot tell is a run's (no marker, and no
+    config.json it accepts): one line naming the folder, exit 2, and every byte under tmp_path as it was. (It once
+    wrote config.json from the checkpoint's settings at parse time, kept the damaged one as config.json.damaged,
+    and then took the folder for a run from before the marker.)"""
+    out = tmp_path / "mine"
+    if folder == "user's":
+        users_folder(out, "config.json", "checkpoints", "base")
+    else:
+        train(tiny(tmp_path, steps=1, out=str(out)))
+        (out / MARKER).unlink()
+    damaged_config(out)
+    before = tree(tmp_path)
+    result = resume(out)
+    lines = result.err.strip().splitlines()
+    assert result.status == 2 and len(lines) == 1 and str(out) in lines[0], result.err[-3000:]
+    assert "config.json is not valid JSON" in lines[0] and f"no {MARKER}" in lines[0], lines[0]
+    assert tree(tmp_path) == before
+
+
+def test_a_damaged_config_is_written_again_only_after_every_check(tmp_path):
+    """In a run's own folder, a damaged config.json is left as it is while anything else is refused (here: --steps
+    below the steps done; a config.json that is a link, never renamed or written through); once every check
+    passes it is written again from the checkpoint's settings, the damaged one kept as config.json.damaged, and
+    said. A finished run resumed with nothing to do gets its config.json written again too."""
+    out = tmp_path / "run"
+    train(tiny(tmp_path, steps=2, save_every=1))
+    torn = damaged_config(out)
+    unlocked = lambda: {k: v for k, v in tree(tmp_path).items() if k != "run/.lock"}  # noqa: E731
+    before = unlocked()
+    result = resume(out, "--steps", "1")
+    assert result.status == 2 and "--steps 1 is below the 2 steps done" in result.err, result.err[-3000:]
+    assert unlocked() == before
+    (out / "config.json").rename(tmp_path / "elsewhere.json")
+    (out / "config.json").symlink_to(tmp_path / "elsewhere.json")
+    before = unlocked()
+    result = resume(out, "--steps", "3")
+    assert result.status == 2 and f"{out / 'config.json'} is a symbolic link" in result.err, result.err[-3000:]
+    assert unlocked() == before
+    (out / "config.json").unlink()
+    (tmp_path / "elsewhere.json").rename(out / "config.json")
+    result = resume(out, "--steps", "3")
+    assert result.status == 0, result.err[-3000:]
+    assert f"{out / 'config.json'} was damaged: written again from {out / 'checkpoints' / 'step-000002'}" in result.out
+    assert (out / "config.json.damaged").read_bytes() == torn and Config.load(out / "config.json").steps == 3
+    (out / "config.json").unlink()
+    result = resume(out, "--steps", "3")
+    assert result.status == 0 and f"{out / 'config.json'} was missing: written again" in result.out, result.out
+    assert "nothing to do" in result.out and Config.load(out / "config.json").steps == 3

@@ -26,7 +26,8 @@
   pybind11's `py::exec` does) makes CPython end a `python -m` run by SIGINT even after a SystemExit(130).
 - Every command's flags are parsed by `Parser` (argparse.ArgumentParser, subparsers included): a flag is never
   abbreviated (`--step 5` is refused, not taken as `--steps 5`), and a refused flag is the same one line, with
-  `(<prog> --help lists the flags)` added, not argparse's usage block; `--help` prints the full help.
+  `(<prog> --help lists the flags)` added, not argparse's usage block, and `; did you mean --steps?` after it when an
+  unknown flag is close to one of the command's (`close_flag`); `--help` prints the full help.
 Any other exception is a bug: it keeps its traceback, followed by one line saying that it is a bug in troll to
 report with that traceback, and exit 1. This module imports nothing heavy: commands use it before torch is loaded
 (torch's and safetensors' exceptions are recognised by their module and name).
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import errno
 import json
 import os
@@ -159,8 +161,9 @@ def write_failed(what: str, resume: str | None) -> str:
 
 class Parser(argparse.ArgumentParser):
     """argparse.ArgumentParser for every command: no abbreviated flags, and an error is one line (`fail`), not the
-    usage block. argparse's own refusals while parsing (an unknown flag, a bad value) add where the flags are listed;
-    a command's own `parser.error(...)` after parsing is the plain line. Subparsers are of this class too."""
+    usage block. argparse's own refusals while parsing (an unknown flag, a bad value) add where the flags are listed,
+    and an unknown flag close to one of the command's ends the line with it (`did you mean --lr?`, `suggest`); a
+    command's own `parser.error(...)` after parsing is the plain line. Subparsers are of this class too."""
 
     def __init__(self, *args: Any, allow_abbrev: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, allow_abbrev=allow_abbrev, **kwargs)
@@ -183,11 +186,51 @@ class Parser(argparse.ArgumentParser):
             self._parsing -= 1
 
     def error(self, message: str) -> NoReturn:
-        if self._parsing and message.startswith("the following arguments are required"):
+        if not self._parsing:
+            fail(self.prog, message)
+        head = self._argv[: self._argv.index("--")] if "--" in self._argv else self._argv
+        flags = self._flags(head)
+        unknown = [a for a in head if _flag_like(a) and a.split("=")[0] not in flags]
+        if unknown and message.startswith("the following arguments are required"):
             # argparse names a missing required flag before an unknown one: `--mode x` for `--model x` would be
             # refused as "--model is required", hiding the typo; the unknown flag is what the user fixes
-            head = self._argv[: self._argv.index("--")] if "--" in self._argv else self._argv
-            unknown = [a for a in head if a.startswith("--") and a.split("=")[0] not in self._option_string_actions]
-            if unknown:
-                message = f"unrecognized arguments: {' '.join(unknown)}; {message}"
-        fail(self.prog, f"{message} ({self.prog} --help lists the flags)" if self._parsing else message)
+            message = f"unrecognized arguments: {' '.join(unknown)}; {message}"
+        hint = suggest([a.split("=")[0] for a in unknown], flags) if message.startswith("unrecognized") else None
+        fail(self.prog, f"{message} ({self.prog} --help lists the flags)" + (f"; {hint}" if hint else ""))
+
+    def _flags(self, argv: Sequence[str]) -> set[str]:
+        """The option strings this parser takes, and those of each subcommand named in `argv` (its subparser's)."""
+        flags = set(self._option_string_actions)
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    if name in argv:
+                        flags |= sub._flags(argv) if isinstance(sub, Parser) else set(sub._option_string_actions)
+        return flags
+
+
+def suggest(unknown: Sequence[str], flags: Sequence[str] | set[str]) -> str | None:
+    """`did you mean --lr?` for the unknown flags that have a close flag among `flags` (`close_flag`), or None."""
+    pairs = [(typed, near) for typed in dict.fromkeys(unknown) if (near := close_flag(typed, flags))]
+    if not pairs:
+        return None
+    if len(pairs) == 1:
+        return f"did you mean {pairs[0][1]}?"
+    return "did you mean " + ", ".join(f"{near} for {typed}" for typed, near in pairs) + "?"
+
+
+def close_flag(typed: str, flags: Sequence[str] | set[str]) -> str | None:
+    """The flag a misspelled `typed` most likely meant, or None when none is close: the most similar one by difflib
+    (`--step` -> `--steps`, `--max-new-tokens` -> `--max_new_tokens`) at a similarity of 0.75 or more, else the
+    longest flag that `typed` extends by a word (`--lr_rate` -> `--lr`, `--out_dir` -> `--out`)."""
+    candidates = sorted(f for f in flags if f != typed)
+    near = difflib.get_close_matches(typed, candidates, n=1, cutoff=0.75)
+    if near:
+        return near[0]
+    stems = [f for f in candidates if f.startswith("--") and typed.startswith(f) and typed[len(f)] in "_-"]
+    return max(stems, key=len, default=None)
+
+
+def _flag_like(arg: str) -> bool:
+    """Whether a command-line argument is written as a flag (`--x`, `-x`), not a value (`-1`, `-0.5`, `-`)."""
+    return arg.startswith("--") or (arg.startswith("-") and arg[1:2].isalpha())

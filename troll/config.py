@@ -17,9 +17,10 @@ given are checked: a preset's values and the defaults never are (the field's def
 A comma-separated list must name only what exists: `--lora_targets` names that match no layer of the model are
 refused when the model is built, before the run folder is touched (troll.lora.check_targets).
 
-The resolved config is saved to `<out>/config.json`;
+The resolved config is saved to `<out>/config.json` (troll.harness writes it once the run has claimed its folder);
 `--resume true` reads it back with the same checks, and it must name every field, so a run never resumes under
-defaults it did not use. This module imports no torch, so `--help` answers at once.
+defaults it did not use; reading it writes nothing (`Config.resumed`). This module imports no torch, so `--help`
+answers at once.
 
 Presets:
     tiny-cpu            Config's defaults: 2-digit addition on a tiny local Llama, a supervised warm-start, then
@@ -49,7 +50,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from troll.cli import Parser
+from troll.cli import Parser, UsageError
 from troll.metrics import logger_missing
 
 # the baselines' defaults that depend on more than one field; troll.losses holds the same values (a test locks them),
@@ -319,35 +320,37 @@ class Config:
 
     @classmethod
     def resumed(cls, out: Path) -> Config:
-        """The config of the run in `out`, to resume it: its config.json; when that is missing or not JSON, the
-        settings its newest readable checkpoint was written with (config.json is written again from them, a
-        damaged one kept beside it, and both said). ValueError when there is nothing to resume."""
+        """The config of the run in `out`, to resume it, read only: its config.json; when that is missing or not
+        JSON, the settings its newest readable checkpoint was written with, read only once `out` is known to be a
+        run's folder (troll.harness.run_folder: a folder that is not troll's is refused, no checkpoint of it read).
+        config.json is written again, a damaged one kept beside it, when the run claims its folder after every check
+        (troll.harness.Run.claim). ValueError when there is nothing to resume."""
         path = out / "config.json"
-        if not path.is_file():
-            kind, problem = "missing", f"{path} does not exist"
+        if not path.exists() and not path.is_symlink():
+            problem = f"{path} does not exist"
+        elif not path.is_file():
+            problem = f"{path} is not a file"
         else:
             try:
                 json.loads(path.read_text())
             except (OSError, ValueError):  # not UTF-8 or not JSON
-                kind, problem = "damaged", f"{path} is not valid JSON"
+                problem = f"{path} is not valid JSON"
             else:
                 return cls.load(path)
-        from troll.checkpoint import checkpoint_settings  # imports torch: only for a run that needs it
+        from troll.checkpoint import checkpoint_settings  # both import torch: only for a run that needs them
+        from troll.harness import run_folder  # (troll.harness imports this module: imported here, when called)
 
+        try:
+            run_folder(out)
+        except UsageError as e:  # troll.harness.RunError
+            raise ValueError(f"--resume true: {problem}, and {e}") from None
         found = checkpoint_settings(out)
         if found is None:
             raise ValueError(
                 f"--resume true: {problem}, and no checkpoint holds the run's settings (nothing to resume): "
                 f"start the run without --resume, or choose another --out"
             )
-        ckpt, fields = found
-        cfg = cls(**with_added(fields), out=str(out), resume=True)
-        if path.exists():
-            os.replace(path, path.with_name("config.json.damaged"))
-        cfg.save(path)
-        kept = f" (the damaged one kept as {path.name}.damaged)" if kind == "damaged" else ""
-        print(f"{path} was {kind}: written again from {ckpt / 'trainer.pt'}{kept}")
-        return cfg
+        return cls(**with_added(found[1]), out=str(out), resume=True)
 
 
 def field_types(cls: type) -> dict[str, type]:
@@ -475,7 +478,7 @@ def check(cfg: Config) -> list[str]:
 
 # Settings that act only under a switch: field -> (the switch, the switch's values where the field acts, those in
 # words). From how the code reads each field: Config.loss_kwargs (troll.losses' parameters), troll.train,
-# troll.task, troll.warmstart, troll.policy, troll.harness. Every field not listed acts in every run.
+# troll.task, troll.warmstart, troll.policy, troll.harness, troll.records. Every field not listed acts in every run.
 _WARM = (lambda v: v > 0, "--sft_steps > 0 (a supervised warm-start)")
 ACTS_ONLY: dict[str, tuple[str, typing.Callable[[Any], bool], str]] = {
     "eps": ("loss", lambda v: v == "troll", "--loss troll"),
@@ -496,6 +499,7 @@ ACTS_ONLY: dict[str, tuple[str, typing.Callable[[Any], bool], str]] = {
     "data": ("task", lambda v: v == "gsm8k", "--task gsm8k"),
     "chat": ("task", lambda v: v in ("gsm8k", "words"), "--task gsm8k or words"),
     "reverse_sum": ("task", lambda v: v in ("addition", "rare"), "--task addition or rare"),
+    "records_every": ("records_samples", lambda v: v > 0, "--records_samples > 0 (per-token records)"),
 }
 
 

@@ -18,9 +18,11 @@ tensorboard/ with `--log_to tensorboard`; .troll-run and .lock, the folder's mar
 Rules:
 - Nothing is written before everything checkable is checked: `Run.open` only reads (and locks a folder that is
   already a run's: `.lock` is the one file it may add), troll.train checks the model and the data, then `claim`
-  makes `out` (or claims an empty one) and writes the marker, then config.json. Exceptions raised by third-party
-  code (transformers, peft, tokenizers, safetensors) while the run starts become a RunError naming the package
-  (`starting`); a bug in troll keeps its traceback.
+  makes `out` (or claims an empty one) and writes the marker, then config.json (on resume, one missing or damaged is
+  written again from the checkpoint's settings, a damaged one kept as config.json.damaged: Config.resumed, which
+  reads them at parse time, writes nothing, and reads a checkpoint only in a run's folder, `run_folder`).
+  Exceptions raised by third-party code (transformers, peft, tokenizers, safetensors) while the run starts become
+  a RunError naming the package (`starting`); a bug in troll keeps its traceback.
 - A run writes only in a folder that is its own, told by what troll wrote there, never by file names alone: a new
   or empty folder (nothing but troll's lock in it), which `claim` marks by writing `.troll-run` first ({"kind":
   "troll run", "folder": "made" | "empty" | "adopted"}); a folder holding that marker; or a run made before the
@@ -37,11 +39,13 @@ Rules:
   checkpoint is never removed. `--resume true` with no checkpoint yet starts from the beginning too, saying so.
 - `--steps` below the steps the resumed checkpoint has done is refused, naming its step.
 - Resume continues from the newest checkpoint that is whole; a damaged one is named and the older one used.
-  Metrics and samples rows past it are dropped (the resumed run writes them again). A finished run (checkpoint
-  at `steps`, summary.json written) is left untouched. The settings in `troll.config.RESUME_CHANGEABLE` may
-  differ on resume: they take effect from that step (the learning rate given is the one used) and are recorded
-  in summary.json's `changes`; any other difference is refused, naming the fields. State saved by an older
-  troll without every key this one writes is refused, as troll.config refuses such a config.json.
+  Metrics and samples rows past it are dropped (the resumed run writes them again), and one line says so: the
+  checkpoint, its step, and how many steps done after it before the stop are computed again (`restore`). A finished
+  run (checkpoint at `steps`, summary.json written) is left untouched, but for a missing or damaged config.json,
+  written again. The settings in `troll.config.RESUME_CHANGEABLE` may differ on resume: they take effect from that
+  step (the learning rate given is the one used) and are recorded in summary.json's `changes`; any other
+  difference is refused, naming the fields. State saved by an older troll without every key this one writes is
+  refused, as troll.config refuses such a config.json.
 - `RunError` is a problem with the run directory that the user fixes; the command line prints it on one line.
 - `claim_folder` marks a run's folder ahead of the run, for a caller that keeps its own files in it
   (study.runner's log.txt): the folder is then the run's, and its other files stay.
@@ -60,6 +64,7 @@ import re
 import shutil
 import stat
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -73,12 +78,13 @@ from troll.checkpoint import (
     check_checkpoint,
     complete_checkpoints,
     load_trainer_state,
+    read_jsonl,
     save_checkpoint,
     truncate_jsonl,
     write_json,
 )
 from troll.cli import UsageError
-from troll.config import RESUME_CHANGEABLE, Config, settings
+from troll.config import RESUME_CHANGEABLE, Config, settings, with_added
 from troll.metrics import Logger, logger_missing
 
 RUN_FILES = ("config.json", "metrics.jsonl", "samples.jsonl", "tokens.jsonl", "summary.json", "checkpoints", "base")
@@ -289,7 +295,7 @@ class Run:
                     path.unlink()
             self.leftover = []
         if not self.finished:
-            self.cfg.save(out / "config.json")
+            self._write_config(self.cfg)
         summary = out / "summary.json"
         if self.state is not None and not self.finished and summary.exists():  # finish() writes it from the state
             summary.unlink()
@@ -306,9 +312,25 @@ class Run:
             return False
 
     def summary(self) -> dict:
-        """A finished run's summary.json, untouched."""
+        """A finished run's summary.json, untouched; its config.json written again only when it is missing or
+        damaged (`_write_config`), from the settings of the checkpoint it finished with."""
+        if _config_damage(self.out / "config.json") is not None:
+            self._write_config(dataclasses.replace(self.cfg, **with_added(self.state["config"])))
         print(f"{self.out} finished at step {self.state['step']} (--steps {self.cfg.steps}): nothing to do")
         return read_json_object(self.out / "summary.json")
+
+    def _write_config(self, cfg: Config) -> None:
+        """Write config.json, `cfg`, in the run's own folder (claimed or locked, no link there: `_check_links`). On
+        resume, one that is missing or damaged (Config.resumed then read the run's settings from its checkpoint) is
+        said, and a damaged one kept as config.json.damaged: the link-free name renamed, never written through."""
+        path = self.out / "config.json"
+        damage = None if self.state is None else _config_damage(path)
+        if damage == "damaged":
+            os.replace(path, path.with_name(f"{path.name}.damaged"))
+        cfg.save(path)
+        if damage is not None:
+            kept = f" (the damaged one kept as {path.name}.damaged)" if damage == "damaged" else ""
+            print(f"{path} was {damage}: written again from {self.checkpoint / 'trainer.pt'}{kept}")
 
     # ------------------------------------------------------------------ the first step, or the restored one
 
@@ -325,16 +347,34 @@ class Run:
 
     def restore(self, opt: Any, sched: Any) -> None:
         """A resumed run: optimiser and schedule from the checkpoint, at the learning rate in force now; logs cut
-        back to the checkpoint's step."""
+        back to the checkpoint's step, after the line that says what is resumed (`_resuming`)."""
         opt.load_state_dict(self.state.pop("optimizer"))
         sched.load_state_dict(self.state.pop("scheduler"))
         sched.base_lrs = [self.cfg.lr for _ in sched.base_lrs]  # a changed --lr takes effect from this step
         for group, factor in zip(opt.param_groups, sched.lr_lambdas, strict=True):
             group["lr"], group["initial_lr"] = self.cfg.lr * factor(sched.last_epoch), self.cfg.lr
         sched._last_lr = [g["lr"] for g in opt.param_groups]
+        print(self._resuming())
         for path in (self.metrics, self.samples, self.tokens):
             truncate_jsonl(path, self.state["step"])
         self._open_logger()
+
+    def _resuming(self) -> str:
+        """The line a resumed run starts with: the checkpoint, its step, and how many steps after it had been done
+        before the stop (the last step in metrics.jsonl: steps run in order), which this run computes again
+        (`restore` drops their rows)."""
+        step, total = self.state["step"], self.cfg.steps
+        with warnings.catch_warnings():  # a damaged line is said once, when `restore` drops it
+            warnings.simplefilter("ignore")
+            rows = read_jsonl(self.metrics, torn_tail=True, skip_damaged=True) if self.metrics.is_file() else []
+        last = max((s for r in rows if type(s := r.get("step")) is int), default=step)
+        if last <= step:
+            return f"resuming from {self.checkpoint} at step {step} of {total}; no step after it had been done"
+        again = f"step {last}" if last == step + 1 else f"steps {step + 1}-{last}"
+        return (
+            f"resuming from {self.checkpoint} at step {step} of {total}; recomputing {last - step} step"
+            f"{'s' if last - step > 1 else ''} done after it before the stop ({again})"
+        )
 
     # ------------------------------------------------------------------ the loop
 
@@ -434,6 +474,24 @@ def claim_folder(out: str | Path) -> None:
     with contextlib.closing(_lock(out)):
         if _ownership(out) is None:  # again, under the lock
             _write_marker(out, "made" if made else "empty")
+
+
+def run_folder(out: Path) -> str | None:
+    """Whose folder `out` is (`_ownership`), read only, for a reader before the run opens (Config.resumed, before it
+    reads a checkpoint's settings): None when it is missing or empty; a RunError naming a folder that is not a
+    run's."""
+    return _ownership(out) if out.is_dir() else None
+
+
+def _config_damage(path: Path) -> str | None:
+    """Whether a run's config.json is "missing", "damaged" (not a file, or not JSON), or None: it reads."""
+    if not path.exists():
+        return "missing"
+    try:
+        json.loads(path.read_bytes())
+    except (OSError, ValueError):  # a folder, not UTF-8, not JSON
+        return "damaged"
+    return None
 
 
 def _make(out: Path) -> bool:
