@@ -50,6 +50,10 @@ fixed cost) and of its time. SUMMARY checks the project's targets at the Qwen2.5
 on (the presets'): TROLL's chunked update peak < PPO-clip's unchunked and <= 1.02x PPO-clip's chunked;
 TROLL / clip time <= 1.05x (both chunked); chunked / unchunked time <= 1.10x (same micro-batch, both losses).
 The "fit" section prints the per-token coefficients (peaks over fixed vs tokens) that troll/memory.py holds.
+
+`--json FILE` also writes the raw results there, replacing a file of that name as a tool's `-o` does, whole (a
+temporary file beside it, renamed over it: troll.outputs); a folder or a symbolic link there is refused before the
+first variant runs, the link left as it is and never written through.
 """
 
 from __future__ import annotations
@@ -71,6 +75,7 @@ if not __package__:  # run as a file (python bench/x.py): the repository root on
 import torch  # noqa: E402
 
 from bench._util import comma_list, int_at_least, positive_float  # noqa: E402
+from troll import outputs  # noqa: E402
 from troll.cli import Parser, run_command
 from troll.diagnostics import proc_status_bytes, reset_peak_rss  # noqa: E402
 from troll.lora import add_adapters  # noqa: E402
@@ -318,18 +323,21 @@ def main() -> None:
     args = ap.parse_args()
     if args.rows and not all(r.isdigit() and int(r) >= 1 for r in args.rows.split(",")):
         ap.error(f"--rows {args.rows!r}: expected a comma list of row counts >= 1, e.g. 1,2")
-    if args.json and not Path(args.json).resolve().parent.is_dir():
-        ap.error(f"--json {args.json}: its folder does not exist")
     if args.child:
         print(json.dumps(child(json.loads(args.child))))
         return
+    results_file = outputs.named(Path(args.json), "--json") if args.json else None
+    if results_file is not None:  # before the first variant runs: a folder or a link there is refused
+        outputs.check([results_file])
+        if not results_file.path.parent.is_dir():
+            ap.error(f"--json {args.json}: its folder does not exist")
     results = []
     for spec in plan(args):
         t0 = time.perf_counter()
         results.append(run_child(spec))
         print(f"ran {_key(spec)} in {time.perf_counter() - t0:.0f} s", flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+    if results_file is not None:
+        outputs.write(results_file, json.dumps(results, indent=1) + "\n")
     report(results)
 
 

@@ -31,6 +31,9 @@ asked of the project's own losses on the project's own sparse old policy. Design
 - Modes: a run (or --dry-run), --report, --figures (the last two together too). With --report or --figures, which
   read only the results file, a run's flag given (the grid, --steps, --samples, --vocab, --jobs, --dry-run:
   `ACTS`) cannot act and is refused in one line (study/runner.py).
+- Figures (`--figures DIR`): bandit_steps.png and bandit_curves.png, each marked with the PNG text
+  Software=study.bandit and replacing only a figure so marked; a foreign file, a folder or a symbolic link of those
+  names is refused before anything is drawn (study.runner.check_figures, troll.outputs).
 - Report: per cell and variant, means over seeds and paired differences to PPO-clip 0.2 (`BASELINE`) on the same
   seed with 95% t-intervals (study.runner.t_interval) of the focus context's steps to the threshold (the good
   token at 0.005, the issue's rank 20) and of `auc`; then best against best: each loss at its own best setting in
@@ -49,6 +52,7 @@ from pathlib import Path
 from study.bandit_sim import TARGETS, THRESHOLD, Cell, simulate
 from study.runner import (
     REPORT_MODES,
+    check_figures,
     grid_problem,
     inert_flag,
     paired_diffs,
@@ -88,6 +92,7 @@ DEFAULTS = ("troll-0.05", "clip-0.2", "clip-higher", "dppo", "cispo")  # each lo
 BASELINE = "clip-0.2"
 SEEDS = (0, 1, 2, 3, 4)
 PROG = "python -m study.bandit"
+MARK = "study.bandit"  # its figures carry the PNG text Software=study.bandit: its own (troll.outputs)
 
 CELLS = {
     "issue": Cell("clean", 4, 0.1, 32_000),
@@ -305,7 +310,7 @@ def plot_steps(rows: Sequence[dict], out: Path) -> Path:
     for ax in axes[::cols]:
         ax.set_ylabel(f"RL steps until p(good) >= {THRESHOLD}")
     axes[0].legend(fontsize=7)
-    return save(fig, out / "bandit_steps.png")
+    return save(fig, out / "bandit_steps.png", MARK)
 
 
 def plot_curves(rows: Sequence[dict], out: Path, cell: str = "issue") -> Path:
@@ -329,7 +334,7 @@ def plot_curves(rows: Sequence[dict], out: Path, cell: str = "issue") -> Path:
     ax2.set(yscale="log", xlabel="RL step", ylabel="KL(p_new || p_old), mean over contexts",
             title="exact KL of each update, over all V")  # fmt: skip
     ax1.legend(fontsize=7)
-    return save(fig, out / "bandit_curves.png")
+    return save(fig, out / "bandit_curves.png", MARK)
 
 
 # ----------------------------------------------------------------------------- the command
@@ -397,9 +402,11 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         rows = report_rows(Path(args.results), PROG, FIELDS)
         if args.report:
             print(report(rows))
-        if args.figures is not None:
+        if args.figures is not None:  # every name checked before the first is drawn (study.runner.check_figures)
+            curves = any(r["cell"] == "issue" for r in rows)
+            check_figures(Path(args.figures), ["bandit_steps.png", *(["bandit_curves.png"] if curves else [])], MARK)
             print(plot_steps(rows, Path(args.figures)))
-            if any(r["cell"] == "issue" for r in rows):
+            if curves:
                 print(plot_curves(rows, Path(args.figures)))
         return rows
     runs, done = grid(args), read_results(Path(args.results), FIELDS, PROG)

@@ -5,6 +5,11 @@
 `read_results` reads the file study/run.py writes (JSONL, one finished run per line; its fields: `study.run.collect`);
 `plot_study` draws accuracy after RL against off-policyness per loss, and the distribution of the network's
 per-update KL per loss. A missing, empty or damaged results file exits 2 with one line naming it.
+
+Its own files only (troll.outputs): each figure carries the PNG text Software=study.figures, and replaces a file of
+its name in --out only when that file carries it (a figure it wrote before). Someone else's file of that name, a
+figure without the mark (the committed ones made before it), a folder or a symbolic link there is refused in one
+line before anything is drawn, unchanged: move it away, or choose another --out.
 """
 
 from __future__ import annotations
@@ -14,9 +19,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from study.runner import check_rows, save
+from study.runner import check_figures, check_rows, save
 from troll.checkpoint import read_jsonl
-from troll.cli import Parser, run_command
+from troll.cli import Parser, UsageError, run_command
 
 # the fields of a results row that the figures read
 FIELDS = (
@@ -32,6 +37,8 @@ FIELDS = (
     "kl_update_mean",
     "kl_update_max",
 )
+FIGURES = ("accuracy_vs_off_policy.png", "kl_update.png")  # what plot_study writes into --out
+MARK = "study.figures"  # its figures carry the PNG text Software=study.figures: its own (troll.outputs)
 
 
 def read_results(path: str | Path) -> list[dict]:
@@ -65,7 +72,7 @@ def plot_study(rows: Sequence[dict], out: str | Path) -> list[Path]:
     from matplotlib.figure import Figure
 
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    check_figures(out, FIGURES, MARK)  # before the first is drawn: a file there not the study's is refused
     lrs = sorted({r["lr"] for r in rows})
     variants = list(dict.fromkeys(r["variant"] for r in rows))
     colours = {v: f"C{i}" for i, v in enumerate(variants)}
@@ -119,7 +126,7 @@ def plot_study(rows: Sequence[dict], out: str | Path) -> list[Path]:
     axes[0].plot([], [], "o-", color="grey", label="1 epoch")
     axes[0].plot([], [], "s--", color="grey", label="more epochs")
     axes[0].legend(fontsize=7)
-    written = [save(fig, out / "accuracy_vs_off_policy.png")]
+    written = [save(fig, out / "accuracy_vs_off_policy.png", MARK)]
 
     settings = sorted({(r["minibatches"], r["epochs"]) for r in rows}, key=lambda s: (s[0] * s[1], s[1]))
     fig = Figure(figsize=(4.2 * len(lrs), 6.4))
@@ -148,7 +155,7 @@ def plot_study(rows: Sequence[dict], out: str | Path) -> list[Path]:
     handles = [axes[0][0].plot([], [], "s", color=colours[v], alpha=0.6, label=v)[0] for v in variants]
     axes[0][0].legend(handles=handles, fontsize=7)
     fig.suptitle("the network's exact KL(p_new || p_old) per update, over the vocabulary", fontsize=10)
-    written.append(save(fig, out / "kl_update.png"))
+    written.append(save(fig, out / "kl_update.png", MARK))
     return written
 
 
@@ -171,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if not rows:
             fail(f"{args.results} holds no finished runs")
         written = plot_study(rows, args.out)
-    except (OSError, ValueError) as e:  # a damaged results file, an --out that is a file
+    except (OSError, ValueError, UsageError) as e:  # a damaged results file, an --out that is a file, a foreign PNG
         fail(str(e))
     for path in written:
         print(path)

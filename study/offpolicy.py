@@ -49,6 +49,11 @@ Design, stated once:
   --jobs, --dry-run, ...) with --report or --figures, which read only the results file; --threshold (the rare
   task's adoption) without --report or --figures, --baseline (the table's pairing) without --report, --name (the
   figures' file names) without --figures.
+- Its own files only (troll.outputs): a warm-start is made in a new folder of its own and renamed to
+  <out>/warm-s<seed> when it is whole (onto nothing, or an empty folder); its log, <out>/warm-s<seed>.log, starts
+  with the line `WARM_LOG` and is written whole (also when the warm-start fails), replacing only a log of its own.
+  The figures carry the PNG text Software=study.offpolicy and replace only figures so marked. A file, folder or
+  symbolic link of those names that the study did not write is refused in one line before anything is written.
 - Files: the grid and each run's config in study/offpolicy_grid.py, the report and figures in
   study/offpolicy_report.py; here the warm-starts, the results rows and the command.
 """
@@ -57,8 +62,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import math
+import os
+import shutil
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -82,6 +90,7 @@ from study.offpolicy_grid import (
     warm_dir,
 )
 from study.offpolicy_report import (
+    MARK,
     _label,  # noqa: F401  (notebook 7 reads study.offpolicy._label)
     lora_vs_full,
     paired,  # noqa: F401  (notebooks 6 and 7 read study.offpolicy.paired)
@@ -95,6 +104,7 @@ from study.offpolicy_report import (
 )
 from study.runner import (
     REPORT_MODES,
+    check_figures,
     grid_problem,
     inert_flag,
     plan,
@@ -107,11 +117,12 @@ from study.runner import (
     train_run,
     workers,
 )
-from troll import plot
-from troll.cli import Parser, fail, run_command
+from troll import outputs, plot
+from troll.cli import Parser, UsageError, fail, run_command
 from troll.config import Config, settings
 
 PROG = "python -m study.offpolicy"
+WARM_LOG = "# python -m study.offpolicy: the warm-start of seed {seed}"  # a warm-start log's first line: its own
 
 # ----------------------------------------------------------------------------- the runs
 
@@ -130,15 +141,58 @@ def warm_start(seed: int, args: argparse.Namespace) -> dict:
     torch.manual_seed(seed)
     model, tokenizer = build_model(cfg, device_of(cfg))
     task, _ = load_task(cfg, tokenizer)
-    with open(Path(args.out) / f"warm-s{seed}.log", "w") as log, contextlib.redirect_stdout(log):
+    log_file = warm_log(args, seed)
+    with outputs.writing(log_file, keep_on_error=True) as log, contextlib.redirect_stdout(log):
+        print(WARM_LOG.format(seed=seed), flush=True)  # its first line: the log is the study's own
         record = warm_start_task(cfg, model, tokenizer, task)
     if task.behaviour:  # how rare the rewarded behaviour is where RL starts
         record |= behaviour_rate(cfg, model, tokenizer, task)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    made = {"seed": seed, "sft_limit": args.sft_steps, "task": args.task, "vocab_size": args.vocab_size}
-    (out / "warm.json").write_text(json.dumps(made | record, indent=2) + "\n")
+    work = out.with_name(f".{out.name}.{os.getpid()}.tmp")  # a new folder of its own, made exclusively
+    work.mkdir()
+    try:
+        model.save_pretrained(work)
+        tokenizer.save_pretrained(work)
+        made = {"seed": seed, "sft_limit": args.sft_steps, "task": args.task, "vocab_size": args.vocab_size}
+        (work / "warm.json").write_text(json.dumps(made | record, indent=2) + "\n")
+        try:
+            os.rename(work, out)  # onto nothing or an empty folder: never over a file, never through a link
+        except OSError as e:
+            if e.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
+                raise
+            raise UsageError(warm_problem(out) or f"{out} appeared during the warm-start: run it again") from None
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)  # its own folder, made above
+        raise
     return record
+
+
+def warm_log(args: argparse.Namespace, seed: int) -> outputs.Target:
+    """<out>/warm-s<seed>.log, the warm-start's output: the study's own when it starts with its line (WARM_LOG)."""
+    return outputs.log_file(Path(args.out) / f"warm-s{seed}.log", WARM_LOG.format(seed=seed), "--out")
+
+
+def warm_problem(folder: Path) -> str | None:
+    """Why a warm-start may not be put at `folder` (no warm.json there), in one line, or None: it may be new or an
+    empty folder, which the finished warm-start replaces whole; a link, a file or a folder with files is refused."""
+    if folder.is_symlink():
+        return f"{folder} is a symbolic link, never written through nor replaced: remove it, or choose another --out"
+    if folder.exists() and not folder.is_dir():
+        return f"{folder} is a file, where the warm-start's folder goes: move it away, or choose another --out"
+    if folder.is_dir() and any(folder.iterdir()):
+        return (
+            f"{folder} holds files but no warm.json, so it is no finished warm-start of this study, and it is left as "
+            "it is: move it away, or choose another --out"
+        )
+    return None
+
+
+def check_warm_starts(args: argparse.Namespace, seeds: Sequence[int]) -> None:
+    """Before anything is written: each warm-start to make (`seeds`) has its folder free (`warm_problem`) and its
+    log new or the study's own (`warm_log`); a UsageError names the first that is not."""
+    for seed in seeds:
+        outputs.check([warm_log(args, seed)])
+        if problem := warm_problem(warm_dir(args, seed)):
+            raise UsageError(problem)
 
 
 def behaviour_rate(cfg: Config, model, tokenizer, task, prompts: int = 1024, samples: int = 8) -> dict:
@@ -308,13 +362,20 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
                 print(f"\nLoRA against full fine-tuning, each at its own best learning rate:\n{lora}")
         if args.figures is not None:  # <name>_paired.png, and _settings / _adoption / _vs_full where the rows have them
             stem, against = args.name, any(r["loss"] == BASELINE for r in rows)  # the first two: paired to PPO-clip
-            if against:
+            drawn = {
+                "paired": against,
+                "settings": against and any(setting_of(r) != "default" for r in rows),
+                "adoption": all("behaviour_rate" in r for r in rows),
+                "vs_full": bool(lora_vs_full(rows)),
+            }
+            check_figures(Path(args.figures), [f"{stem}_{k}.png" for k, on in drawn.items() if on], MARK)
+            if drawn["paired"]:
                 print(plot_paired(rows, Path(args.figures), stem))
-            if against and any(setting_of(r) != "default" for r in rows):
+            if drawn["settings"]:
                 print(plot_settings(rows, Path(args.figures), stem))
-            if all("behaviour_rate" in r for r in rows):
+            if drawn["adoption"]:
                 print(plot_adoption(rows, Path(args.figures), stem, args.threshold))
-            if lora_vs_full(rows):
+            if drawn["vs_full"]:
                 print(plot_lora(rows, Path(args.figures), stem))
         return rows
     runs, done = grid(args), read_results(Path(args.results), FIELDS, PROG)
@@ -334,9 +395,10 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     todo = plan(runs, done, args.jobs, args.dry_run)
     if args.dry_run:
         return []
+    seeds = sorted({r.seed for r in todo if not (warm_dir(args, r.seed) / "warm.json").is_file()})
+    check_warm_starts(args, seeds)  # before anything is written
     Path(args.out).mkdir(parents=True, exist_ok=True)
     with workers(args.jobs) as pool:
-        seeds = sorted({r.seed for r in todo if not (warm_dir(args, r.seed) / "warm.json").is_file()})
         for seed, future in [(s, pool.submit(warm_start, s, args)) for s in seeds]:
             print(f"warm-start seed {seed}: {future.result()}", flush=True)
         calls = [(run, config(run, args)) for run in todo]

@@ -12,6 +12,8 @@ from pathlib import Path
 from study.offpolicy_grid import ANCHORS, BASELINE, LOSSES, SETTINGS, SOURCES, THRESHOLD, setting_of
 from study.runner import paired_diffs, pm, save, t_interval
 
+MARK = "study.offpolicy"  # its figures carry the PNG text Software=study.offpolicy: its own (troll.outputs)
+
 
 def _cell_order(key: tuple) -> tuple:
     """Sort key of (lr, source, anchor, loss, setting): the study's own orders."""
@@ -283,7 +285,7 @@ def plot_paired(rows: Sequence[dict], out: Path, stem: str = "offpolicy") -> Pat
         ax.set_ylabel("final accuracy - PPO-clip's")
         ax.set_title(f"lr {lr:g}: paired difference to PPO-clip, mean over seeds, 95% interval", fontsize=10)
         ax.legend(fontsize=8)
-    return save(fig, out / f"{stem}_paired.png")
+    return save(fig, out / f"{stem}_paired.png", MARK)
 
 
 def plot_settings(rows: Sequence[dict], out: Path, stem: str) -> Path:
@@ -305,7 +307,7 @@ def plot_settings(rows: Sequence[dict], out: Path, stem: str) -> Path:
         ax.set_ylabel("final accuracy - PPO-clip's")
         ax.set_title(f"lr {key[0]:g}, {key[1]}, {key[2]}: paired difference to PPO-clip (0.2), 95% interval; "
                      "filled: the loss's best setting", fontsize=10)  # fmt: skip
-    return save(fig, out / f"{stem}_settings.png")
+    return save(fig, out / f"{stem}_settings.png", MARK)
 
 
 STYLES = ("-", "--", ":", "-.", (0, (5, 1)), (0, (1, 3)))  # a loss's settings in order, its default first
@@ -341,7 +343,7 @@ def plot_adoption(rows: Sequence[dict], out: Path, stem: str, threshold: float =
         ax.set_ylabel("share of samples with the rare behaviour")
         ax.set_title(f"lr {key[0]:g}, {key[1]}, {key[2]}: mean over seeds, the defaults' range shaded", fontsize=10)
         ax.legend(fontsize=8)
-    return save(fig, out / f"{stem}_adoption.png")
+    return save(fig, out / f"{stem}_adoption.png", MARK)
 
 
 def plot_lora(rows: Sequence[dict], out: Path, stem: str, lora: str = "lora8", full: str = "default") -> Path:
@@ -366,4 +368,4 @@ def plot_lora(rows: Sequence[dict], out: Path, stem: str, lora: str = "lora8", f
         ax.set_ylabel("held-out accuracy after RL")
         ax.set_title(f"{key[2]}, {key[0]}: final accuracy per seed (dots) and mean", fontsize=10)
         ax.legend(fontsize=8)
-    return save(fig, out / f"{stem}_vs_full.png")
+    return save(fig, out / f"{stem}_vs_full.png", MARK)

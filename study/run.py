@@ -47,6 +47,11 @@ Choices, stated once:
   (its minibatch count is the grid's largest, so smaller ones are overestimated a little; a longer or shorter run
   adds or drops its mean step time per step, a different eval_size is not accounted for); each further epoch adds
   `steps` x its update time per pass. Without `<out>/calibration.json` the built-in `MEASURED` figures are used.
+- Its own files only (troll.outputs): `--calibrate` writes `<out>/calibration.json` holding "written_by":
+  "study.run", whole, and replaces only a file so marked; it runs in `<out>/calibration-<run>`, whose earlier run it
+  removes only when troll marked that folder as a run's and it holds nothing but a run's files
+  (study.runner.remove_run). Anything else there, a folder or a symbolic link of those names, is refused in one line
+  before the run, unchanged.
 """
 
 from __future__ import annotations
@@ -54,15 +59,14 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from study import figures
-from study.runner import grid_problem, inert_flag, merge_results, read_rows, run_all, train_run, workers
-from troll import plot
+from study.runner import grid_problem, inert_flag, merge_results, read_rows, remove_run, run_all, train_run, workers
+from troll import outputs, plot
 from troll.cli import Parser, fail, run_command
 from troll.config import Config, settings
 
@@ -82,6 +86,7 @@ SEEDS = (0, 1, 2)
 # load: docs/results.md#the-trust-region-study).
 MEASURED = {"wall_s": 28.5, "steps": 40, "step_s": 0.346, "update_pass_s": 0.184}
 PROG = "python -m study.run"
+MARK = "study.run"  # calibration.json holds "written_by": "study.run": the study's own (troll.outputs)
 # The list flags and each run's value of them (study.runner.grid_problem: no value twice, none that makes no run)
 FLAGS = {
     "variants": lambda run: run.variant,
@@ -216,16 +221,29 @@ def estimate(runs: Sequence[Run], args: argparse.Namespace) -> tuple[float, str]
     return total, source
 
 
+def calibration_file(args: argparse.Namespace) -> outputs.Target:
+    """<out>/calibration.json, the study's own when it holds "written_by": "study.run" (troll.outputs)."""
+    return outputs.json_file(Path(args.out) / "calibration.json", MARK, "--out")
+
+
+def fresh_run(run: Run, cfg: Config) -> dict:
+    """Train one run from the beginning: an earlier run in its folder, troll's own, is removed first
+    (study.runner.remove_run: only a folder troll marked that holds nothing but a run's files)."""
+    remove_run(Path(cfg.out))
+    return execute(run, cfg)
+
+
 def calibrate(args: argparse.Namespace) -> None:
-    """Time one run of the heaviest pass (the most minibatches, 1 epoch, troll-paper) into calibration.json."""
+    """Time one run of the heaviest pass (the most minibatches, 1 epoch, troll-paper) into calibration.json, the
+    study's own (a calibration.json it did not write is refused before the run)."""
     mb = max(m for m, _ in args.off_policy)
     run = Run("troll-paper" if "troll-paper" in args.variants else args.variants[0], args.lrs[0], mb, 1, 0)
     cfg = replace(config(run, args), out=str(Path(args.out) / f"calibration-{run.name}"))
-    if Path(cfg.out).exists():
-        shutil.rmtree(cfg.out)
+    outputs.check([calibration_file(args)])
+    Path(args.out).mkdir(parents=True, exist_ok=True)
     with workers(1) as pool:
         t0 = time.time()
-        row = pool.submit(execute, run, cfg).result()
+        row = pool.submit(fresh_run, run, cfg).result()
         wall = time.time() - t0
     steps = [m for m in plot.read_metrics(cfg.out) if "time_update" in m]
     step_s = sum(sum(v for k, v in m.items() if k.startswith("time_")) for m in steps) / len(steps)
@@ -237,7 +255,7 @@ def calibrate(args: argparse.Namespace) -> None:
         "update_pass_s": round(update_s, 3),
     }
     cal |= {"run": run.name, "eval_size": args.eval_size, "measured": time.strftime("%Y-%m-%d %H:%M")}
-    (Path(args.out) / "calibration.json").write_text(json.dumps(cal, indent=2) + "\n")
+    outputs.write(calibration_file(args), json.dumps(cal | {"written_by": MARK}, indent=2) + "\n")
     print(
         f"one run ({run.name}, {row['steps']} steps, a fresh worker process): {cal['wall_s']} s; update pass "
         f"{cal['update_pass_s']} s per RL step; written to {Path(args.out) / 'calibration.json'}"
@@ -328,7 +346,6 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     """Run (or list) the grid; returns the results rows of this grid's finished runs."""
     args = parse(argv)
     if args.calibrate:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
         calibrate(args)
         return []
     runs = grid(args)

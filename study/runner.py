@@ -14,6 +14,11 @@ the command's common branches and rules. Each study imports this module and trol
 - The command (`save`, `report_rows`, `refuse_other_settings`, `plan`, `grid_problem`, `pm`): a figure written at
   the studies' dpi, the rows for --report / --figures, a run recorded with other settings refused rather than
   counted as done, the run count and --dry-run listing, the list flags' rules and a paired difference as text.
+- Its own files only (troll.outputs): a study's figure carries the PNG text Software=<study> (study.figures,
+  study.bandit, study.offpolicy) and replaces only a figure of that study's; every figure name is checked
+  (`check_figures`) before the first is drawn, and a file of that name the study did not write, a folder or a
+  symbolic link there is refused in one line, unchanged. A run's log.txt is appended to in its own (claimed) folder,
+  never through a link.
 - The list flags' rules (`grid_problem`), the same in every study: a value given twice (`--seeds 0 0`) is refused,
   not run twice into one folder by two workers; a value given on the command line that makes no run of the grid
   (a setting of a loss not in --losses, a variant no --cells runs) is refused, not dropped in silence.
@@ -28,6 +33,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
+import json
 import math
 import os
 import shutil
@@ -39,6 +46,7 @@ from dataclasses import replace
 from multiprocessing import get_context
 from pathlib import Path
 
+from troll import outputs
 from troll.checkpoint import read_jsonl, rewrite_jsonl, rows_by_name
 from troll.cli import UsageError, fail
 from troll.config import Config
@@ -106,10 +114,40 @@ def train_run(cfg: Config) -> Path:
     if (out / "summary.json").is_file():  # finished, its results row not yet written (the caller checked its settings)
         return out
     claim_folder(out)  # the run's folder before log.txt is written in it (troll.harness: a run writes only in its own)
-    with open(out / "log.txt", "a") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+    path = out / "log.txt"
+    if path.is_symlink():
+        raise UsageError(f"{path} is a symbolic link, never written through: remove it, or choose another --out")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    with open(fd, "a") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
         train(replace(cfg, resume=True))
     shutil.rmtree(out / "checkpoints", ignore_errors=True)
     return out
+
+
+def remove_run(out: Path) -> None:
+    """Remove the troll run in folder `out` whole, for a run that starts afresh there (study.run's calibration):
+    only a folder troll marked as a run's (troll.harness's marker) that holds nothing but the files a run writes
+    (troll.harness.RUN_FILES and START_FILES, the marker, the lock) and the study's log.txt, none of them a link.
+    Anything else is a UsageError naming it, nothing removed; a missing folder: nothing to do."""
+    from troll.harness import LOCK, MARKER, MARKER_KIND, RUN_FILES, START_FILES
+
+    if not out.exists() and not out.is_symlink():
+        return
+    refused = "so it is left as it is: move it away, or choose another --out"
+    if out.is_symlink() or not out.is_dir():
+        raise UsageError(f"{out} is {'a symbolic link' if out.is_symlink() else 'a file'}, where a run goes, {refused}")
+    own = {MARKER, LOCK, "log.txt", *RUN_FILES, *START_FILES}
+    other = sorted(p.name for p in out.iterdir() if p.name not in own or p.is_symlink())
+    if other:
+        shown = ", ".join(other[:4]) + (", ..." if len(other) > 4 else "")
+        raise UsageError(f"{out} holds files a troll run does not write ({shown}), {refused}")
+    try:
+        marked = json.loads((out / MARKER).read_bytes()).get("kind") == MARKER_KIND
+    except (OSError, ValueError, AttributeError):  # missing, unreadable, not JSON, not an object
+        marked = False
+    if not marked:
+        raise UsageError(f"{out} is not a folder troll marked as a run's (no {MARKER} of troll's), {refused}")
+    shutil.rmtree(out)
 
 
 # ----------------------------------------------------------------------------- the results file
@@ -202,12 +240,27 @@ def t_interval(diffs: Sequence[float]) -> tuple[float, float]:
 # ----------------------------------------------------------------------------- the command
 
 
-def save(fig, path: Path) -> Path:
-    """Lay out a matplotlib figure and write it to `path` (its folder made if missing) at the studies' 110 dpi."""
+def figure_file(path: Path, by: str) -> outputs.Target:
+    """A study's figure in --figures (--out for study.figures), its own told by the PNG text Software=<by>."""
+    return outputs.figure(path, by, "--out" if by == "study.figures" else "--figures")
+
+
+def check_figures(folder: Path, names: Sequence[str], by: str) -> None:
+    """Before any figure is drawn: every figure name in `folder` new, or a figure of the study's own
+    (troll.outputs); a foreign file, a folder or a link there is a UsageError naming it."""
+    outputs.check([figure_file(folder / name, by) for name in names])
+
+
+def save(fig, path: Path, by: str) -> Path:
+    """Lay out a matplotlib figure and write it to `path` (its folder made if missing) at the studies' 110 dpi,
+    marked as study `by`'s (PNG text Software=<by>), whole, and only over a figure of its own (troll.outputs)."""
     fig.tight_layout()
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=110, metadata=outputs.png_metadata(by))
+    target = figure_file(path, by)
+    outputs.check([target])
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    return path
+    return outputs.write(target, png.getvalue())
 
 
 def report_rows(path: Path, prog: str, fields: Fields | None = None) -> list[dict]:

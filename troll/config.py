@@ -50,7 +50,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from troll.cli import Parser, UsageError
+from troll.cli import Parser
 from troll.metrics import logger_missing
 
 # the baselines' defaults that depend on more than one field; troll.losses holds the same values (a test locks them),
@@ -322,7 +322,7 @@ class Config:
     def resumed(cls, out: Path) -> Config:
         """The config of the run in `out`, to resume it, read only: its config.json; when that is missing or not
         JSON, the settings its newest readable checkpoint was written with, read only once `out` is known to be a
-        run's folder (troll.harness.run_folder: a folder that is not troll's is refused, no checkpoint of it read).
+        run's folder (troll.outputs.run_marker: a folder that troll did not mark is refused, no checkpoint read).
         config.json is written again, a damaged one kept beside it, when the run claims its folder after every check
         (troll.harness.Run.claim). ValueError when there is nothing to resume."""
         path = out / "config.json"
@@ -337,18 +337,17 @@ class Config:
                 problem = f"{path} is not valid JSON"
             else:
                 return cls.load(path)
-        from troll.checkpoint import checkpoint_settings  # both import torch: only for a run that needs them
-        from troll.harness import run_folder  # (troll.harness imports this module: imported here, when called)
+        from troll.checkpoint import checkpoint_settings  # imports torch: only for a run that needs it
+        from troll.outputs import RUN_MARKER, run_marker
 
-        try:
-            run_folder(out)
-        except UsageError as e:  # troll.harness.RunError
-            raise ValueError(f"--resume true: {problem}, and {e}") from None
-        found = checkpoint_settings(out)
+        # a run made before the marker is recognised by its config.json, which is damaged here: unmarked, unread
+        found = checkpoint_settings(out) if run_marker(out) else None
         if found is None:
+            why = "no checkpoint holds the run's settings (nothing to resume)"
+            if out.is_dir() and any(out.iterdir()) and not run_marker(out):
+                why = f"{out} holds no {RUN_MARKER} (troll's mark on a run folder), so nothing of it is read"
             raise ValueError(
-                f"--resume true: {problem}, and no checkpoint holds the run's settings (nothing to resume): "
-                f"start the run without --resume, or choose another --out"
+                f"--resume true: {problem}, and {why}: start the run without --resume, or choose another --out"
             )
         return cls(**with_added(found[1]), out=str(out), resume=True)
 

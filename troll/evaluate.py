@@ -49,7 +49,11 @@ Output, into `--out` (default evals/<model name>), written once every check has 
 `predictions.jsonl`, one line per problem (question, gold, the greedy completion, its extracted answer and reward,
 and with --samples, `samples`: each sample's completion, extracted answer and reward), and `summary.json` (model,
 task, accuracy: greedy pass@1, n: problems, backend, chat, seconds, samples; with --samples also temperature, seed,
-and `pass@k` and `maj@k`, each a dict keyed by k). One line per figure on stdout.
+and `pass@k` and `maj@k`, each a dict keyed by k). One line per figure on stdout. Its own files only (troll.outputs):
+the marker `.troll-evaluate`, written into `--out` before them, lists the two, so an evaluation written there before
+is replaced (each file whole: a temporary file renamed over it); a file of those names that troll.evaluate did not
+write (no marker lists it), a folder or a symbolic link of those names (never written through) is refused in one
+line before the model is loaded, unchanged. Other files in `--out` are left as they are.
 
 `--model` (`resolve_model`): a local folder holding a model and its tokenizer (config.json, weights, tokenizer
 files); a run directory, whose `checkpoints/latest` checkpoint is evaluated (said on stderr); a LoRA run's
@@ -57,10 +61,11 @@ checkpoint (adapter_config.json, or a LoRA run directory), whose adapters are lo
 memory in float32, as `python -m troll.export` merges them (with the hf backend: vLLM loads a model folder, which
 troll.export writes); a packaged model's name (`smollm2-135m-instruct`: troll.packaged makes its folder on first
 use); or a hub name. A name is looked up once, with a short timeout: when the hub cannot be reached (or
-HF_HUB_OFFLINE is set) a copy in the local cache is used, else the command stops at once instead of retrying. A path that does not exist,
-a folder that lacks a model or tokenizer file (named) or holds a damaged one (troll.checkpoint.damaged_file), a LoRA
-checkpoint whose run config or base is missing, an unknown hub name, bad --data, a bad number or a flag that cannot
-act: a usage error, exit 2 with one line on stderr, before any model is loaded.
+HF_HUB_OFFLINE is set) a copy in the local cache is used, else the command stops at once instead of retrying. A
+path that does not exist, a folder that lacks a model or tokenizer file (named) or holds a damaged one
+(troll.checkpoint.damaged_file), a LoRA checkpoint whose run config or base is missing, an unknown hub name, bad
+--data, a bad number or a flag that cannot act: a usage error, exit 2 with one line on stderr, before any model is
+loaded.
 """
 
 from __future__ import annotations
@@ -78,9 +83,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from troll import gsm8k
+from troll import gsm8k, outputs
 from troll.checkpoint import complete_checkpoints, damage_remedy, damaged_file
-from troll.cli import Parser, run_command
+from troll.cli import Parser, UsageError, run_command
 from troll.task import GSM8K_FORMAT, decode, encode, load_task, score
 
 if TYPE_CHECKING:
@@ -93,6 +98,7 @@ WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.b
 TOKENIZER = ("tokenizer.json", "tokenizer.model", "vocab.json")
 HF_SCORE_BYTES = 1 << 30  # the hf backend's kept scores per sampling call (`sample`)
 SCORE_BYTES_PER_LOGIT = 12  # generate's float32 scores, their stacked copy and its log_softmax (troll.rollout)
+OUTPUTS = ("predictions.jsonl", "summary.json")  # what it writes into --out, its marker listing them (troll.outputs)
 
 
 def is_adapters(folder: Path) -> bool:
@@ -494,8 +500,13 @@ def main(argv: list[str] | None = None) -> dict:
         fail(f"--temperature must be > 0 and finite, got {args.temperature}")
     seed = 0 if args.seed is None else args.seed
     out = Path(args.out or Path("evals") / Path(args.model).name)
+    written = outputs.Marked(out, "troll.evaluate", OUTPUTS, "--out")  # its own files: the folder's marker lists them
     if file := next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None):
-        fail(f"--out {out}: {file} is a file, not a folder")
+        fail(f"--out {out}: {file} is a file, not a folder: choose another --out")
+    try:
+        outputs.check(written.targets())
+    except UsageError as e:
+        fail(str(e))
     if args.backend == "vllm" and importlib.util.find_spec("vllm") is None:
         fail("--backend vllm needs the optional vllm package, which is not installed: pass --backend hf")
     try:
@@ -576,10 +587,13 @@ def main(argv: list[str] | None = None) -> dict:
         for name, figures in (("pass", passed), ("maj", majority)):
             lines += [f"{task} {name}@{k}: {value:.4f} {how}" for k, value in figures.items()]
     summary["seconds"] = round(time.time() - start, 1)
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "predictions.jsonl", "w") as f:
-        f.writelines(json.dumps(rec) + "\n" for rec in records)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    try:
+        written.claim()  # checked again, the folder made and marked, before either file
+        with outputs.writing(written.target("predictions.jsonl")) as f:
+            f.writelines(json.dumps(rec) + "\n" for rec in records)
+        outputs.write(written.target("summary.json"), json.dumps(summary, indent=2) + "\n")
+    except UsageError as e:  # a file of those names that appeared while the model worked
+        fail(str(e))
     print("\n".join(lines))
     return summary
 

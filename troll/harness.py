@@ -20,7 +20,8 @@ Rules:
   already a run's: `.lock` is the one file it may add), troll.train checks the model and the data, then `claim`
   makes `out` (or claims an empty one) and writes the marker, then config.json (on resume, one missing or damaged is
   written again from the checkpoint's settings, a damaged one kept as config.json.damaged: Config.resumed, which
-  reads them at parse time, writes nothing, and reads a checkpoint only in a run's folder, `run_folder`).
+  reads them at parse time, writes nothing, and reads a checkpoint only in a folder troll.outputs.run_marker reads as
+  a run's).
   Exceptions raised by third-party code (transformers, peft, tokenizers, safetensors) while the run starts become
   a RunError naming the package (`starting`); a bug in troll keeps its traceback.
 - A run writes only in a folder that is its own, told by what troll wrote there, never by file names alone: a new
@@ -86,17 +87,19 @@ from troll.checkpoint import (
 from troll.cli import UsageError
 from troll.config import RESUME_CHANGEABLE, Config, settings, with_added
 from troll.metrics import Logger, logger_missing
+from troll.outputs import RUN_FOLDERS, RUN_MARKER, RUN_MARKER_KIND
 
 RUN_FILES = ("config.json", "metrics.jsonl", "samples.jsonl", "tokens.jsonl", "summary.json", "checkpoints", "base")
 # what a start that failed before its first checkpoint may leave besides RUN_FILES (troll.train, troll.checkpoint)
 START_FILES = (".tmp-base", "engine-init", "tensorboard")
 LOCK = ".lock"  # the run's lock (flock), holding "pid N" of its holder
 LOCK_TEXT = re.compile(rb"pid \d+\n")
-MARKER, MARKER_KIND = ".troll-run", "troll run"  # written first when a run claims its folder: the folder is troll's
+# written first when a run claims its folder: the folder is troll's (troll.outputs, which Config.resumed reads too)
+MARKER, MARKER_KIND = RUN_MARKER, RUN_MARKER_KIND
 # the marker's "folder", how the run came to own it; a failed start is cleaned up only where troll made the folder
 # or found it empty, so that every file there of a name in RUN_FILES or START_FILES is the run's own
 CLEANABLE = ("made", "empty")
-FOLDERS = (*CLEANABLE, "adopted")  # adopted: a run made before the marker, marked when resumed (`_older_run`)
+FOLDERS = RUN_FOLDERS  # and adopted: a run made before the marker, marked when resumed (`_older_run`)
 # packages whose exceptions during start-up are about the user's model, files or settings (`starting`)
 THIRD_PARTY = ("transformers", "peft", "tokenizers", "safetensors", "huggingface_hub")
 # what trainer.pt holds besides the optimiser and schedule; `config`: the settings it was written with
@@ -474,13 +477,6 @@ def claim_folder(out: str | Path) -> None:
     with contextlib.closing(_lock(out)):
         if _ownership(out) is None:  # again, under the lock
             _write_marker(out, "made" if made else "empty")
-
-
-def run_folder(out: Path) -> str | None:
-    """Whose folder `out` is (`_ownership`), read only, for a reader before the run opens (Config.resumed, before it
-    reads a checkpoint's settings): None when it is missing or empty; a RunError naming a folder that is not a
-    run's."""
-    return _ownership(out) if out.is_dir() else None
 
 
 def _config_damage(path: Path) -> str | None:

@@ -8,7 +8,9 @@ with `--out` writes one self-contained HTML page: inline CSS and script, nothing
 data is JSON with every `<`, `>`, `&`, U+2028 and U+2029 escaped, so no text it shows can end or stop its script. The
 page shows each completion as its tokens, coloured by the quantity chosen at its top, the exact figures on hover
 and on click, each run's settings and step, and two runs side by side. `page.html#pin=RUN.SAMPLE.TOKEN,...` opens
-with those tokens' figures shown (`#pin=1.239.3`: the second run, sample 239, its fourth token). `--step` picks the
+with those tokens' figures shown (`#pin=1.239.3`: the second run, sample 239, its fourth token). The page replaces a
+file at `--out` as a tool's `-o` does, whole (a temporary file beside it, renamed over it: troll.outputs); a folder or
+a symbolic link there is refused, the link left as it is and never written through. `--step` picks the
 step (default: the last one every run recorded), `--colour` the colouring the page opens with. A missing or damaged
 run file (each records row is checked field by field against troll.records' schema) is one line naming it, and for
 a row its line and field (`troll.cli.run_command`), never a traceback.
@@ -20,6 +22,7 @@ import html
 import json
 from pathlib import Path
 
+from troll import outputs
 from troll.cli import Parser, UsageError, run_command
 
 PROG = "python -m troll.inspect"
@@ -294,16 +297,19 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if len(args.runs) > 2:
         parser.error(f"at most two runs side by side, got {len(args.runs)}")
-    if args.out is not None and not Path(args.out).expanduser().resolve().parent.is_dir():
-        raise UsageError(f"--out {args.out}: its folder does not exist; create it or choose another path")
+    page_file = None if args.out is None else outputs.named(Path(args.out).expanduser(), "--out")
+    if page_file is not None:
+        outputs.check([page_file])  # a folder or a link there, or a file where its folder belongs: one line
+        if not page_file.path.parent.is_dir():
+            raise UsageError(f"--out {args.out}: its folder does not exist: create it, or choose another path")
     loaded = [(run, *load(run)) for run in args.runs]
     step = pick_step(loaded, args.step)
     shown = [(name, cfg, at_step(rows, step)) for name, cfg, rows in loaded]
     for name, cfg, row in shown:
         print(text_summary(name, cfg, row))
-    if args.out is not None:
+    if page_file is not None:
         try:
-            Path(args.out).expanduser().write_text(page(shown, args.colour), encoding="utf-8")
+            outputs.write(page_file, page(shown, args.colour))
         except OSError as e:
             raise UsageError(f"--out {args.out} cannot be written ({e.strerror}): choose another path") from None
         print(f"page: {args.out}")

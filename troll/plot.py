@@ -28,7 +28,6 @@ import importlib.util
 import json
 import math
 import os
-import struct
 import sys
 import warnings
 from collections.abc import Sequence
@@ -37,6 +36,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from troll.checkpoint import read_jsonl
 from troll.cli import Parser, run_command
+from troll.outputs import png_marked
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -57,7 +57,6 @@ MEAN_SHOWN = ("kl_update_mean",)  # panels that also show each run's mean over i
 DEFAULT_KEYS = tuple(PANELS)
 FIGURE_NAME = "metrics.png"
 FIGURE_MARK = ("Software", "troll.plot")  # a PNG text entry (key, value) in every figure written: troll.plot's own
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 COLUMNS = 3
 
 
@@ -148,21 +147,7 @@ def figure(runs: Sequence[str | Path], keys: Sequence[str] = DEFAULT_KEYS) -> Fi
 
 def marked(path: Path) -> bool:
     """Whether file `path` is a PNG image carrying FIGURE_MARK among its text chunks: a figure troll.plot wrote."""
-    mark = "\0".join(FIGURE_MARK).encode("latin-1")  # a tEXt chunk's data: key, NUL, value
-    with open(path, "rb") as f:
-        if f.read(8) != PNG_SIGNATURE:
-            return False
-        while len(head := f.read(8)) == 8:  # each chunk: length, type, data, CRC
-            length, kind = struct.unpack(">I4s", head)
-            if kind == b"tEXt" and length == len(mark):
-                if f.read(length) == mark:
-                    return True
-                f.seek(4, os.SEEK_CUR)
-            elif kind == b"IEND":
-                return False
-            else:
-                f.seek(length + 4, os.SEEK_CUR)
-    return False
+    return png_marked(path, *FIGURE_MARK)
 
 
 def plot_runs(runs: Sequence[str | Path], out: str | Path, keys: Sequence[str] = DEFAULT_KEYS) -> Path | None:
