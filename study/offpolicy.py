@@ -117,7 +117,7 @@ from study.runner import (
     train_run,
     workers,
 )
-from troll import outputs, plot
+from troll import outputs, plot, runfiles
 from troll.cli import Parser, UsageError, fail, run_command
 from troll.config import Config, settings
 
@@ -226,7 +226,7 @@ def _read_config(path: Path) -> dict | None:
 
 def collect(run: Run, out: Path) -> dict:
     """One results row from a finished run directory."""
-    summary = json.loads((out / "summary.json").read_text())
+    summary = runfiles.read_summary(out)
     steps = [m for m in plot.read_metrics(out) if "eval_acc" not in m]
 
     def mean(key: str) -> float:

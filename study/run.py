@@ -66,7 +66,7 @@ from pathlib import Path
 
 from study import figures
 from study.runner import grid_problem, inert_flag, merge_results, read_rows, remove_run, run_all, train_run, workers
-from troll import outputs, plot
+from troll import outputs, plot, runfiles
 from troll.cli import Parser, fail, run_command
 from troll.config import Config, settings
 
@@ -143,7 +143,7 @@ def config(run: Run, args: argparse.Namespace) -> Config:
 
 def collect(run: Run, out: Path) -> dict:
     """One results row from a finished run directory."""
-    summary = json.loads((out / "summary.json").read_text())
+    summary = runfiles.read_summary(out, oldest=2)  # eval_best: version 2 on
     metrics = plot.read_metrics(out)
     steps = [m for m in metrics if "eval_acc" not in m]
 

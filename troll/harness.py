@@ -88,6 +88,7 @@ from troll.cli import UsageError
 from troll.config import RESUME_CHANGEABLE, Config, settings, with_added
 from troll.metrics import Logger, logger_missing
 from troll.outputs import RUN_FOLDERS, RUN_MARKER, RUN_MARKER_KIND
+from troll.runfiles import summary_problem
 
 RUN_FILES = ("config.json", "metrics.jsonl", "samples.jsonl", "tokens.jsonl", "summary.json", "checkpoints", "base")
 # what a start that failed before its first checkpoint may leave besides RUN_FILES (troll.train, troll.checkpoint)
@@ -306,11 +307,12 @@ class Run:
 
     @property
     def finished(self) -> bool:
-        """A run at its last step whose summary.json reads (a damaged one is written again by `finish`)."""
+        """A run at its last step whose summary.json reads as declared (troll.runfiles.SUMMARY; a damaged one is
+        written again by `finish`)."""
         if self.state is None or self.state["step"] < self.cfg.steps:
             return False
         try:
-            return isinstance(json.loads((self.out / "summary.json").read_text()), dict)
+            return summary_problem(json.loads((self.out / "summary.json").read_text())) is None
         except (OSError, ValueError):
             return False
 

@@ -12,8 +12,9 @@ response length and gradient norm. The held-out accuracy starts at step 0, the e
 shows the starting point and the gain. `figure` returns the same figure for a notebook.
 
 Usage errors exit 2 with one line naming the problem: a missing run directory, a missing or empty metrics.jsonl, a
-line in it that is not a JSON object (named by file and line), a row without an integer "step", a metrics.png in
---out that troll.plot did not write. A torn last line (a run killed while appending one) is skipped with a warning
+line in it that is not a JSON object, or a row that is not as its declared schema says (troll.runfiles.METRICS: an
+integer "step", numbers in their ranges), each named by file, line and field; a metrics.png in --out that troll.plot
+did not write. A torn last line (a run killed while appending one) is skipped with a warning
 naming the file (`read_jsonl`).
 
 Its own files only: every figure troll.plot writes carries the PNG text entry Software=troll.plot (FIGURE_MARK), and
@@ -25,7 +26,6 @@ is refused, unchanged: choose another --out.
 from __future__ import annotations
 
 import importlib.util
-import json
 import math
 import os
 import sys
@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from troll.checkpoint import read_jsonl
+from troll import runfiles
 from troll.cli import Parser, run_command
 from troll.outputs import png_marked
 
@@ -61,17 +61,10 @@ COLUMNS = 3
 
 
 def read_metrics(run: str | Path) -> list[dict]:
-    """The rows of <run>/metrics.jsonl (a torn last line skipped, `read_jsonl`); each has an integer "step"."""
-    if not Path(run).is_dir():
-        raise FileNotFoundError(f"run directory {run} does not exist")
-    path = Path(run) / "metrics.jsonl"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist (is {run} a run directory?)")
-    rows = read_jsonl(path, torn_tail=True)
-    for row in rows:
-        if not isinstance(row.get("step"), int) or isinstance(row["step"], bool):
-            raise ValueError(f"{path}: a row without an integer 'step': {json.dumps(row)[:80]}")
-    return rows
+    """The rows of <run>/metrics.jsonl, each checked against its declared schema (troll.runfiles.METRICS: an integer
+    "step" >= 0, every other value a number, the known ones in their ranges); a torn last line skipped (`read_jsonl`).
+    """
+    return runfiles.read_metrics(run)
 
 
 def series(rows: Sequence[dict], key: str) -> list[tuple[int, float]]:

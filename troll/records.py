@@ -27,25 +27,24 @@ samples each call holds; for the recorded ones it recomputes the support and pro
 under no_grad. The loss's value and gradient are untouched (the run is the same bit for bit, records on or off).
 `Recorder.after` reads p(y) after the update, one sample at a time (no [T, V] tensor with the chunked head).
 
-The file's schema is declared once (ROW, SAMPLE: each field's kind, whether null is allowed, its range, per token or
-not, the version of the file that first has it). `read`, the reader for troll.inspect, checks every row against it:
-a missing, empty or damaged file, or a row whose field is missing, unknown or not as declared, is one UsageError
-naming the file, the line and the field, with the way forward; never a traceback. torch is imported where the
-recorder runs, so the reader loads without it.
+The file's schema is declared once, in troll.schema's terms (ROW, SAMPLE: each field's kind, whether null is
+allowed, its range, per token or not, the version of the file that first has it). `read`, the reader for
+troll.inspect, checks every row against it: a missing, empty or damaged file, or a row whose field is missing,
+unknown or not as declared, is one UsageError naming the file, the line and the field, with the way forward; never
+a traceback. torch is imported where the recorder runs, so the reader loads without it.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import sys
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from troll.cli import UsageError
+from troll.schema import Spec, fields_problem, first_problem, shown
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -60,49 +59,6 @@ DIGITS = 4  # significant digits of every float
 
 # ----------------------------------------------------------------------------- the file's schema
 
-KINDS: dict[str, Callable[[Any], bool]] = {  # JSON's values: exactly int, float, str, bool, list, dict or None
-    "integer": lambda v: type(v) is int,  # not a bool, not 1.0
-    "number": lambda v: type(v) in (int, float) and abs(v) <= sys.float_info.max,  # not NaN, inf or 10**400
-    "string": lambda v: type(v) is str,
-    "flag": lambda v: type(v) is int and v in (0, 1),
-    "samples": lambda v: type(v) is list,  # each an object as SAMPLE declares
-}
-
-
-@dataclass(frozen=True)
-class Spec:
-    """What one field of tokens.jsonl holds: its kind (KINDS), whether null is allowed, its range or choices,
-    whether it is a list of one such value per completion token, and the version of the file that first has it."""
-
-    kind: str
-    null: bool = False  # null allowed: a float that was NaN or inf (`fig`), p(y) after the update when unknown
-    low: float = -math.inf
-    high: float = math.inf
-    choices: tuple[str, ...] = ()
-    per_token: bool = False  # a list with one value per token: as long as the sample's `text`
-    since: int = 1
-
-    def accepts(self, v: Any) -> bool:
-        """Whether `v` is one value of the field (one element of a per-token field)."""
-        if v is None or not KINDS[self.kind](v):
-            return v is None and self.null
-        ranged = self.kind in ("integer", "number")
-        return (not ranged or self.low <= v <= self.high) and (not self.choices or v in self.choices)
-
-    def wants(self) -> str:
-        """What one value must be, in words: "a number in [0, 1] or null"."""
-        if self.choices:
-            words = "one of " + ", ".join(map(json.dumps, self.choices))
-        else:
-            words = {"integer": "an integer", "number": "a number", "string": "a string", "flag": "0 or 1",
-                     "samples": "a list of samples"}[self.kind]  # fmt: skip
-        if math.isfinite(self.low) and math.isfinite(self.high):
-            words += f" in [{self.low:g}, {self.high:g}]"
-        elif math.isfinite(self.low):
-            words += f" >= {self.low:g}"
-        return words + " or null" * self.null
-
-
 PROBABILITY = Spec("number", null=True, low=0, high=1, per_token=True)
 ROW: dict[str, Spec] = {  # a row: one recorded step
     "step": Spec("integer", low=1),
@@ -111,7 +67,7 @@ ROW: dict[str, Spec] = {  # a row: one recorded step
     "clip_low": Spec("number", low=0),
     "clip_high": Spec("number", low=0),
     "level": Spec("string", choices=("token", "sequence")),
-    "samples": Spec("samples"),
+    "samples": Spec("list", words="a list of samples"),  # each an object as SAMPLE declares
 }
 SAMPLE: dict[str, Spec] = {  # one recorded sample: its figures, then its tokens' (columnar)
     "index": Spec("integer", low=0),
@@ -137,42 +93,19 @@ ROW_KEYS = tuple(ROW)
 def row_problem(row: dict, version: int = VERSION) -> tuple[str, str] | None:
     """The first field of `row` that is not as version `version` of the file declares it (ROW, SAMPLE), as (the
     field's path, e.g. "samples[0].kl[3]", what is wrong with it), or None."""
-    if found := _fields_problem(row, ROW, version, ""):
+    if found := fields_problem(row, ROW, version, "", FILE):
         return found
     for i, sample in enumerate(row["samples"]):
         where = f"samples[{i}]"
         if type(sample) is not dict:
-            return where, f"is {_shown(sample)}, expected an object"
-        if found := _fields_problem(sample, SAMPLE, version, where + "."):
+            return where, f"is {shown(sample)}, expected an object"
+        if found := fields_problem(sample, SAMPLE, version, where + ".", FILE):
             return found
         tokens = len(sample["text"])
         for k in FIELDS:
             if len(sample[k]) != tokens:
                 return f"{where}.{k}", f"holds {len(sample[k])} values for {tokens} tokens (one per token of text)"
     return None
-
-
-def _fields_problem(obj: dict, table: dict[str, Spec], version: int, prefix: str) -> tuple[str, str] | None:
-    """The first field of one object (a row, a sample) that is missing, not as `table` declares, or unknown."""
-    fields = {k: spec for k, spec in table.items() if spec.since <= version}
-    for k, spec in fields.items():
-        where, value = prefix + k, obj.get(k)
-        if k not in obj:
-            return where, "is missing"
-        if spec.per_token and type(value) is not list:
-            return where, f"is {_shown(value)}, expected a list with one value per token, each {spec.wants()}"
-        values = enumerate(value) if spec.per_token else [(None, value)]
-        for t, v in values:
-            if not spec.accepts(v):
-                return where + ("" if t is None else f"[{t}]"), f"is {_shown(v)}, expected {spec.wants()}"
-    unknown = [k for k in obj if k not in fields]
-    return (prefix + unknown[0], f"is not a field of {FILE} (version {version})") if unknown else None
-
-
-def _shown(v: Any) -> str:
-    """A value as JSON, cut to 40 characters."""
-    text = json.dumps(v)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def due(cfg: Any, step: int) -> bool:
@@ -348,9 +281,8 @@ def read(out: Path) -> list[dict]:
     if not rows:
         raise UsageError(f"{path} holds no records yet: they are written at the evaluated steps (or --records_every)")
     for n, row in zip(lines, rows, strict=False):
-        problems = [row_problem(row, v) for v in range(VERSION, 0, -1)]
-        if all(problems):  # no version of the file has this row: name what the newest version says
-            where, what = problems[0]
+        if found := first_problem(lambda v, row=row: row_problem(row, v), VERSION):  # no version has the row
+            where, what = found
             raise UsageError(f"{path} line {n}: {where} {what}: the per-token records are damaged; restore the file, "
                              f"or delete line {n} to inspect the other steps")  # fmt: skip
     return rows
