@@ -3,6 +3,7 @@
     .venv/bin/python bench/projection.py                      # N = 4096 tokens, V = 151,936 (Qwen), float32, cpu
     .venv/bin/python bench/projection.py --paper              # also the paper's sparse model (4th variant)
     .venv/bin/python bench/projection.py --device cuda --dtype bfloat16 --n 16384
+    .venv/bin/python bench/projection.py --logits smollm2     # a real model's logits: N = 2048, V = 49,152
 
 What one call of each variant does (logits [N, V] with requires_grad, old logits [N, V] a constant, sampled
 tokens y [N], advantages A [N]); every pass over the full vocabulary is included:
@@ -29,6 +30,21 @@ third of the tokens have KL(p || q) > eps. The sampled token is drawn from the o
 keep the same head, so the two sparse models see the same tokens here (same projection up to rounding): troll vs
 troll-paper compares their cost only (notebooks/02_sparse_supports.ipynb compares their accuracy).
 
+Real logits (`--logits smollm2`, or `--logits <model folder>`): the same variants, timing and figures on a real
+model's distributions, made by `bench.real_logits.real_pair` (its docstring has the details). q is
+SmolLM2-135M-Instruct's teacher-forced logits at the first N positions of the chat-formatted GSM8K gold solutions
+of the first test problems of `--data` (the committed 100-problem sample by default; where they hold fewer than N
+positions, all of them are repeated in order, and the output says so); p is the same model after a real Adam step
+(`--lr`, `--update_steps`) of every weight (`--update all`, the default) or of its output layer only (`--update
+head`, one forward of the model less) on a policy-gradient loss with one N(0, 1) advantage per problem, which is
+also each row's advantage here; y is the gold token. V is then the model's vocabulary, 49,152 (not Qwen's
+151,936: the output says so), and N defaults to 2,048 (4,096 synthetic). Unlike the synthetic head, a real
+distribution's mass 1 - 1e-5 needs thousands of tokens, so the cap K = 64 binds on almost every row (96%): the
+old support holds about 62 tokens and a rest atom of real mass (median 0.5%), and the two sparse models see
+different tokens (troll vs troll-paper then differ in what they project too; bench/real_logits.py measures that
+over K and delta). Making the data (the model's passes over the solutions and the update: about 4 minutes on 2
+busy cores) is not timed.
+
 Timing: a warm-up call of each on 256 rows, then `--repeats` full rounds; each round runs the variants in turn,
 in an order that alternates between rounds (forward, then reversed) so that the load of other processes hits
 all alike; medians (and the minimum wall time, the steadiest estimate on a busy machine) are reported (cuda:
@@ -37,7 +53,9 @@ shared machine user time is the steadier measure of the work done. Sys time is t
 pages: glibc returns every large freed block to the OS, so each new [N, V] buffer is page-faulted again (~1 s
 per 2.5 GB with 4 KB pages; a GPU's caching allocator has no such cost). This script therefore sets torch's
 THP_MEM_ALLOC_ENABLE=1 (2 MB transparent huge pages for large CPU tensors, several times cheaper to fault in)
-unless the environment sets it; THP_MEM_ALLOC_ENABLE=0 measures with 4 KB pages.
+unless the environment sets it; THP_MEM_ALLOC_ENABLE=0 measures with 4 KB pages. OMP_WAIT_POLICY=PASSIVE is set
+too, as in the other bench scripts (unless the environment sets it): OpenMP threads spinning for a core another
+process holds make the real model's passes (`--logits`) several times slower on a busy machine.
 
 Peak memory, per call: the highest memory in use during the call minus what was in use right before it
 (the logits, old logits, tokens, advantages). The call's gradient of the logits (N V elements) is part of it.
@@ -54,9 +72,11 @@ runtime). "What all need anyway" is the inputs plus the gradient, so "beyond gra
 each method and "absolute" the whole footprint; the ratios and the SUMMARY use the absolute peak.
 
 Also printed for troll (and troll-paper): the dual solver's iterations (mean, max over projected tokens), the
-fraction projected, the unconverged fraction, the mean support size (atoms), the sparse KL(p || q) and the
-largest |KL(pi* || q) - eps| over the atoms on projected tokens as the solver reports it. The last line is a
-one-line SUMMARY with the targets: troll vs clip (same gather) <= 1.10x time and <= 1.05x peak memory.
+fraction projected, the unconverged fraction, the old support's mean size (kept tokens per row) and its rest
+atom's mass (median, mean), the mean support size (atoms), the sparse KL(p || q) before and KL(pi* || q) after
+(means over all tokens) and the largest |KL(pi* || q) - eps| over the atoms on projected tokens as the solver
+reports it. The last line is a one-line SUMMARY with the targets: troll vs clip (same gather) <= 1.10x time and
+<= 1.05x peak memory (with real logits, followed by their source and V).
 """
 
 from __future__ import annotations
@@ -70,13 +90,15 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # read at torch's first CPU allocation (module docstring)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as every bench script (bench/README.md): no spinning threads
 if not __package__:  # run as a file (python bench/x.py): the repository root on the path, for `bench` and its troll
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
 from bench._util import int_at_least  # noqa: E402
-from troll.cli import Parser, run_command
+from bench.real_logits import add_real_flags, real_pair, real_settings  # noqa: E402
+from troll.cli import Parser, run_command  # noqa: E402
 from troll.losses import ppo_clip, troll_loss  # noqa: E402
 from troll.sparse import sparsify  # noqa: E402
 
@@ -85,6 +107,7 @@ PROG = "python bench/projection.py"  # the name in each of its lines, argparse's
 EPS, CLIP, K, DELTA = 0.05, 0.2, 64, 1e-5
 TARGET_TIME, TARGET_MEMORY = 1.10, 1.05  # troll / clip (same gather)
 GB = 1e9
+SYNTHETIC, N_SYNTHETIC, N_REAL, V_QWEN = "synthetic", 4096, 2048, 151_936
 
 
 def make_batch(n: int, v: int, dtype: torch.dtype, device: str, seed: int = 0, head_peak: float = 25.0):
@@ -118,7 +141,12 @@ def _package_loss(loss_fn, logits, old_logits, tokens, adv, marks, **kwargs):
     mask = torch.ones(n, 1, dtype=torch.bool, device=logits.device)
     loss, metrics = loss_fn(logits.view(n, 1, v), tokens.view(n, 1), mask, adv, old, **kwargs)
     loss.backward()
-    return metrics | {"old_size_mean": float(old.size.double().mean())}
+    rest = old.log_rest.double().exp()
+    return metrics | {
+        "old_size_mean": float(old.size.double().mean()),
+        "old_rest_median": float(rest.median()),
+        "old_rest_mean": float(rest.mean()),
+    }
 
 
 def troll(logits, old_logits, tokens, adv, marks):
@@ -182,16 +210,38 @@ def measure(fn, args, device: str) -> dict:
     )
 
 
-def main() -> None:
+def real_batch(a, dtype: torch.dtype) -> tuple[tuple, int, str, str]:
+    """Logits (with requires_grad), old logits, tokens and advantages of a real model (module docstring), its V,
+    name, and a line saying what they are."""
+    settings = real_settings(a)  # the flags' checks (a UsageError names the flag), before any work
+    pair = real_pair(settings, a.n, a.seed, a.device)
+    args = (pair.new.to(dtype).requires_grad_(), pair.old.to(dtype), pair.tokens, pair.adv)
+    return args, pair.vocab_size, pair.name, pair.describe()
+
+
+def main(argv: list[str] | None = None) -> dict:
     ap = Parser(prog=PROG, description=__doc__.split("\n")[0])
-    ap.add_argument("--n", type=int_at_least(1), default=4096, help="tokens")
-    ap.add_argument("--v", type=int_at_least(2), default=151_936, help="vocabulary size")
+    ap.add_argument(
+        "--logits",
+        default=SYNTHETIC,
+        help=f"{SYNTHETIC} (default), smollm2 (SmolLM2-135M-Instruct on GSM8K, troll.packaged) or a model folder",
+    )
+    ap.add_argument("--n", type=int_at_least(1), help=f"tokens (default {N_SYNTHETIC}; {N_REAL} with real logits)")
+    ap.add_argument("--v", type=int_at_least(2), help=f"vocabulary size, synthetic logits only (default {V_QWEN})")
     ap.add_argument("--repeats", type=int_at_least(1), default=3, help="measured rounds (after a small warm-up)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--seed", type=int_at_least(0), default=0)
     ap.add_argument("--paper", action="store_true", help="also run troll with the paper's sparse model")
-    a = ap.parse_args()
+    add_real_flags(ap)  # --data, --update, --lr, --update_steps: real logits only
+    a = ap.parse_args(argv)
+    synthetic = a.logits == SYNTHETIC
+    for flag in ("--v", "--data", "--update", "--lr", "--update_steps"):  # each applies to one kind of logits
+        if getattr(a, flag[2:]) is not None and synthetic is (flag != "--v"):
+            applies = "synthetic logits (the real ones have the model's)" if flag == "--v" else "real logits"
+            ap.error(f"{flag} applies to {applies}: drop it, or {'drop' if flag == '--v' else 'add'} --logits smollm2")
+    a.n = a.n or (N_SYNTHETIC if synthetic else N_REAL)
+    a.v = a.v or V_QWEN
     try:
         device = torch.device(a.device)
     except RuntimeError:
@@ -204,13 +254,19 @@ def main() -> None:
         raise SystemExit("cpu peak memory needs a writable /proc/self/clear_refs (Linux)")
 
     t0 = time.perf_counter()
-    args = make_batch(a.n, a.v, getattr(torch, a.dtype), a.device, a.seed)
+    if synthetic:
+        args = make_batch(a.n, a.v, getattr(torch, a.dtype), a.device, a.seed)
+        v, vocab, source, note = a.v, "", SYNTHETIC, "synthetic peaked logits (module docstring)"
+    else:
+        args, v, source, note = real_batch(a, getattr(torch, a.dtype))
+        vocab = f" (the model's vocabulary, not Qwen's {V_QWEN:,})" if v != V_QWEN else " (the model's vocabulary)"
     grad_bytes = args[0].numel() * args[0].element_size()
     print(
-        f"N={a.n} V={a.v} dtype={a.dtype} device={a.device} threads={torch.get_num_threads()} repeats={a.repeats} "
-        f"THP={os.environ['THP_MEM_ALLOC_ENABLE']}; logits {grad_bytes / GB:.2f} GB each, "
+        f"N={a.n} V={v}{vocab} dtype={a.dtype} device={a.device} threads={torch.get_num_threads()} "
+        f"repeats={a.repeats} THP={os.environ['THP_MEM_ALLOC_ENABLE']}; logits {grad_bytes / GB:.2f} GB each, "
         f"data made in {time.perf_counter() - t0:.1f} s"
     )
+    print(f"logits: {note}")
     variants = {"troll": troll, "clip": clip, "naive": naive_clip}
     if a.paper:
         variants["troll-paper"] = troll_paper
@@ -267,9 +323,10 @@ def main() -> None:
         print(
             f"{name}: {st['frac_active']:.1%} of tokens projected, solver iterations mean {st['dual_iters_mean']:.2f} "
             f"max {st['dual_iters_max']:.0f}, unconverged {st['dual_frac_unconverged']:.1%}; old support "
-            f"{st['old_size_mean']:.2f} tokens, atoms {st['dual_support_size_mean']:.2f} + 1; sparse KL(p||q) mean "
-            f"{st['kl_before_mean']:.3f} max {st['kl_before_max']:.2f}; residual |KL(pi*||q) - eps| max "
-            f"{st['dual_residual_max']:.1e}"
+            f"{st['old_size_mean']:.2f} tokens, rest atom mass median {st['old_rest_median']:.2e} mean "
+            f"{st['old_rest_mean']:.2e}; atoms {st['dual_support_size_mean']:.2f} + 1; sparse KL(p||q) mean "
+            f"{st['kl_before_mean']:.3f} max {st['kl_before_max']:.2f}, KL(pi*||q) mean {st['kl_after_mean']:.3f}; "
+            f"residual |KL(pi*||q) - eps| max {st['dual_residual_max']:.1e}"
         )
     tc, tn, st = x["troll", "clip"], x["troll", "naive"], stats["troll"]
     ok = tc["wall"] <= TARGET_TIME and tc["absolute"] <= TARGET_MEMORY
@@ -278,8 +335,9 @@ def main() -> None:
         f"{tc['user']:.2f}x; target <= {TARGET_TIME:.2f}x), peak memory {tc['absolute']:.2f}x (target <= "
         f"{TARGET_MEMORY:.2f}x): {'met' if ok else 'NOT met'}; vs naive clip time {tn['wall']:.2f}x, memory "
         f"{tn['absolute']:.2f}x; {st['frac_active']:.0%} projected, iters mean {st['dual_iters_mean']:.1f} "
-        f"max {st['dual_iters_max']:.0f}"
+        f"max {st['dual_iters_max']:.0f}" + ("" if synthetic else f"; logits {source}, V = {v:,}")
     )
+    return {"stats": stats, "medians": med, "ratios": x}
 
 
 if __name__ == "__main__":  # Ctrl-C: one line, exit 130

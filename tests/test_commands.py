@@ -186,8 +186,8 @@ def test_plot_missing_or_empty_run(tmp_path):
     [
         ('{"step": 1, "reward": 0.5}\n{"step": 2, "rew\n{"step": 3, "reward": 0.5}\n', ["line 2", "not valid JSON"]),
         ('{"step": 1, "reward": 0.5}\n[1]\n', ["line 2", "expected a JSON object"]),
-        ('{"step": 1, "reward": 0.5}\n{"reward": 0.5}\n', ["without an integer 'step'"]),
-        ('{"step": 1, "reward": 0.5}\n{"step": 2, "reward": "high"}\n', ["reward at step 2 is not a number"]),
+        ('{"step": 1, "reward": 0.5}\n{"reward": 0.5}\n', ["line 2: step is missing"]),
+        ('{"step": 1, "reward": 0.5}\n{"step": 2, "reward": "high"}\n', ['line 2: reward is "high", expected']),
         (b'{"step": 1, "reward": 0.5}\n{"step": 2, "x": "\xff"}\n', ["line 2", "not UTF-8"]),
         ('{"step": 1, "reward": 0.5}\n{"step": 2, "reward": 0.5\n', ["line 2", "not valid JSON"]),  # ends in \n
     ],
@@ -292,9 +292,14 @@ def test_study_out_and_results_paths(tmp_path):
     [
         ("projection.py", ["--n", "0"], ["--n", "must be >= 1"]),
         ("projection.py", ["--device", "bogus"], ["--device", "not a torch device"]),
+        ("projection.py", ["--lr", "0.1"], ["--lr applies to real logits"]),
+        ("projection.py", ["--logits", "nope"], ["--logits nope", "not a model folder"]),
+        ("real_logits.py", ["--ks", "0"], ["--ks", ">= 1"]),
+        ("real_logits.py", ["--json", "/no/such/folder/x.json"], ["--json", "folder does not exist"]),
         ("real_shapes.py", ["--models", "nope"], ["--models", "expected a comma list"]),
         ("real_shapes.py", ["--rows", "0"], ["--rows"]),
         ("real_shapes.py", ["--json", "/no/such/folder/x.json"], ["--json", "folder does not exist"]),
+        ("records.py", ["--records_samples", "0"], ["--records_samples 0 records nothing", "pass 1 or more"]),
         ("rollout.py", ["--heads", "3"], ["multiple of --heads"]),
         ("rollout.py", ["--prompts", "x"], ["--prompts", "not an integer"]),
         ("sparse_models.py", ["--delta", "1"], ["--delta must be in [0, 1)"]),
@@ -313,7 +318,9 @@ BENCHES = sorted(p.stem for p in (ROOT / "bench").glob("[!_]*.py"))
 
 
 def test_every_bench_script_is_listed():
-    assert BENCHES == ["projection", "real_shapes", "records", "rollout", "sparse_models", "step", "trl_compare"]
+    assert BENCHES == [
+        "projection", "real_logits", "real_shapes", "records", "rollout", "sparse_models", "step", "trl_compare"
+    ]  # fmt: skip
 
 
 @pytest.mark.slow

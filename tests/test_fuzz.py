@@ -111,7 +111,8 @@ COMMANDS = {
             bounded=RUN_LENGTHS,
         ),  # fmt: skip
         Command("study.figures"),
-        Command("bench.projection", stop=("args = make_batch(a.n",)),
+        Command("bench.projection", stop=("args = make_batch(a.n", "pair = real_pair(settings, a.n")),
+        Command("bench.real_logits", stop=("pair = real_pair(settings, a.n",)),
         Command("bench.real_shapes", stop=("results.append(run_child(spec))",)),
         Command(
             "bench.records",
