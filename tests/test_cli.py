@@ -22,7 +22,7 @@ from test_misuse import as_from_a_shell
 from troll.cli import BROKEN_PIPE, Parser, UsageError, run_command
 
 COMMANDS = [
-    *(f"troll.{name}" for name in ("train", "check", "evaluate", "export", "plot", "inspect")),
+    *(f"troll.{name}" for name in ("train", "check", "evaluate", "export", "plot", "inspect", "packaged")),
     *(f"study.{name}" for name in ("run", "offpolicy", "bandit", "figures")),
     *(f"bench.{name}" for name in BENCHES),
 ]

@@ -91,6 +91,7 @@ COMMANDS = {
         Command("troll.export"),
         Command("troll.plot"),
         Command("troll.inspect"),
+        Command("troll.packaged", stop=("_make(gguf, work)",)),  # made once, into troll's cache: stopped there
         Command("troll.check", stop=("cfg, arch, model_note, data_note = prepare(args, out)",)),
         Command(
             "study.run",

@@ -4,6 +4,7 @@ reused, and a missing package or a damaged folder is one line saying what to do.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -84,6 +85,23 @@ def test_a_missing_package_or_file_says_what_to_install(cache, monkeypatch):
 def test_the_command_refuses_an_unknown_name_in_one_line():
     done = subprocess.run([sys.executable, "-m", "troll.packaged", "gpt2"], capture_output=True, text=True)
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1 and "gpt2" in done.stderr
+
+
+@pytest.mark.parametrize("cache", ["a-file", "a-file/under", ""])
+def test_troll_cache_that_cannot_hold_the_folder_is_one_line(tmp_path, cache, monkeypatch):
+    """$TROLL_CACHE under a file: one line naming it (or the missing package), exit 2, the file unchanged; blank:
+    the default cache."""
+    (tmp_path / "a-file").write_text("mine")
+    env = dict(os.environ, TROLL_CACHE=str(tmp_path / cache) if cache else "")
+    if not cache:
+        monkeypatch.setenv("TROLL_CACHE", "")
+        assert packaged.cache_root() == Path.home() / ".cache" / "troll" / "models"
+        return
+    done = subprocess.run([sys.executable, "-m", "troll.packaged", NAME], capture_output=True, text=True, env=env)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "a-file" in lines[0] or "not installed" in lines[0]
+    assert (tmp_path / "a-file").read_text() == "mine"
 
 
 @pytest.mark.slow

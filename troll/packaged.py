@@ -112,9 +112,9 @@ def folder(name: str, quiet: bool = False) -> Path:
             raise PackagedError(f"{problem}: delete {target} and it is made again from the {package} package")
         return target
     gguf = source_file(name)
+    target.parent.mkdir(parents=True, exist_ok=True)  # a cache path under a file is named here, before any work
     if not quiet:
         print(f"making {target} from {gguf} (once; about a minute)", file=sys.stderr)
-    target.parent.mkdir(parents=True, exist_ok=True)
     work = target.parent / f".{name}.making-{os.getpid()}"
     try:
         _make(gguf, work)
