@@ -466,10 +466,12 @@ def values(action: argparse.Action, bounded: bool) -> st.SearchStrategy[str]:
 
 @st.composite
 def arguments(draw: st.DrawFn, command: Command, parsers: dict[str, argparse.ArgumentParser]) -> list[str]:
-    """The drawn part of a command line: 1-4 flags (a flag may come twice) with values, and its positionals."""
+    """The drawn part of a command line: 1-4 flags (a flag may come twice) with values, if the command has any, and
+    its positionals (a path, or one of its choices)."""
     actions = flag_actions(command, parsers)
     argv: list[str] = []
-    for action in draw(st.lists(st.sampled_from(actions), min_size=1, max_size=4)):
+    drawn = st.lists(st.sampled_from(actions), min_size=1, max_size=4) if actions else st.just([])
+    for action in draw(drawn):
         flag = draw(st.sampled_from(action.option_strings))
         bounded = flag in command.bounded
         if action.nargs == 0:  # a switch; now and then with a value it does not take
@@ -481,7 +483,8 @@ def arguments(draw: st.DrawFn, command: Command, parsers: dict[str, argparse.Arg
     positionals = [] if draw(st.integers(0, 9)) == 0 else positional_actions(parsers[command.module])
     for action in positionals:  # first: argparse takes a positional after a flag of nargs + as its value
         many = action.nargs in ("+", "*")
-        argv[:0] = draw(st.lists(st.sampled_from(PATHS), min_size=1, max_size=3 if many else 1))
+        pool = [*(action.choices or ()), *PATHS]
+        argv[:0] = draw(st.lists(st.sampled_from(pool), min_size=1, max_size=3 if many else 1))
     return argv
 
 
