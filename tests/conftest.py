@@ -14,6 +14,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 GSM8K_SAMPLE = Path(__file__).resolve().parent / "data" / "gsm8k"
 GSM8K_FULL_ROWS = {"train": 7473, "test": 1319}  # openai/gsm8k, config main
 GSM8K_SAMPLE_ROWS = {"train": 200, "test": 100}  # the head of each split (tests/data/gsm8k/README.md)
+TEST_DEVICES = ("cuda", "cpu")  # $TROLL_TEST_DEVICE: where tests/test_gpu.py runs (default cuda)
 
 
 @pytest.fixture(scope="session")
@@ -38,3 +39,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--fuzz-examples", type=int, default=None, help="examples per command in tests/test_fuzz.py's slow test"
     )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """$TROLL_TEST_DEVICE other than cuda or cpu is one usage error for the whole run (pytest exits 4), not an error
+    in every test that uses the device."""
+    name = os.environ.get("TROLL_TEST_DEVICE", "cuda")
+    if name not in TEST_DEVICES:
+        raise pytest.UsageError(
+            f"TROLL_TEST_DEVICE={name!r}: give cuda (the default; tests/test_gpu.py skips without a GPU) or cpu (the "
+            "same tests on CPU)"
+        )
