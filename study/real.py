@@ -1,0 +1,641 @@
+"""A real model that learns on a CPU: TROLL against PPO-clip on SmolLM2-135M-Instruct, each at its best learning rate.
+
+    python -m study.real --dry-run                 # the runs, and the time they take from a measured step time
+    python -m study.real --jobs 2                  # run it (resumable: run it again to go on)
+    python -m study.real --report                  # per loss and lr, then TROLL - PPO-clip at each one's best lr
+    python -m study.real --model tiny --seeds 0 1 --lrs 1e-5 2e-5 --steps 1 --eval_size 4 --sft_steps 1 \\
+        --out runs/real-smoke --results runs/real-smoke/results.jsonl       # a rehearsal: a few minutes
+
+Design, stated once:
+- The runs are the `smollm2-words` preset's (troll.config.PRESETS; `PRESET`): SmolLM2-135M-Instruct
+  (troll.packaged, by name) on arithmetic word problems asked and scored as GSM8K is (troll.words), chat prompts,
+  8 prompts x 4 samples a step, 4 minibatches, 20 RL steps, held-out accuracy (greedy pass@1) on 100 problems
+  every 10 steps. A run changes only what the study varies: the loss, the learning rate, the seed, where it starts
+  (`--model <the seed's warm-start> --sft_steps 0`) and, where given, `--steps` and `--eval_size`; it keeps a
+  checkpoint every 10 steps (the preset's 20), so an interrupted run loses at most 10 steps. `config` checks that
+  every setting that asks, samples and scores a problem (`ASKED`: the task, chat template, prompt and answer
+  lengths, temperature, prompts and samples a step, minibatches and epochs, advantage and aggregation, the
+  evaluation schedule) is the preset's.
+- Paired seeds, one warm-start per seed: the preset's supervised warm-start (at most `--sft_steps`, the preset's
+  40; it stops once greedy decoding solves 30% of a 64-problem training probe, about 5 steps on SmolLM2) runs once
+  per seed into <out>/warm-s<seed> (model, tokenizer and warm.json), and every run of that seed starts RL from
+  those weights: a difference between two losses on one seed is not a difference between warm-starts. The
+  warm-start checks that the tokenizer it saved asks the preset's prompts token for token (the chat template kept).
+- The sweep, then the best: the first `--sweep_seeds` seeds of `--seeds` (default 1) run every `--lrs` value
+  (default 5e-6, 1e-5 (the preset's), 2e-5) for every loss; each loss's best lr is the one with the highest mean
+  held-out accuracy after RL over those seeds (ties: the smaller lr, the more cautious step); the other seeds then
+  run each loss at its own best lr only. `--sweep_seeds` equal to the number of seeds is the full grid.
+- Losses (`--losses`): TROLL and PPO-clip by default, each at its own default trust region (TROLL eps 0.05,
+  PPO-clip 0.2); DPPO and CISPO may be added, and are paired with PPO-clip too.
+- Order: the sweep seed by seed (lr by lr, every loss at each), then the other seeds, each with all its losses.
+  The missing warm-starts of the seeds with runs left are made first. `--jobs N` runs N at a time in spawned
+  workers with cores / N torch threads each (study/runner.py).
+- Results (`--results`, JSONL, default study/real.jsonl): one row per finished run, merged by name after every run
+  (study/runner.py): the run (loss, lr, seed, model), held-out accuracy before RL, after, at best and at every
+  evaluation, the reward per step, seconds per RL step (the sum of the step's timed phases, troll.diagnostics) and
+  the run's wall time, the trust region's statistics per step and their means (`TR_KEYS`, those metrics.jsonl
+  holds: the share of tokens projected / clipped / masked, KL(p || q) before and after the projection, TROLL's
+  sparse support size, the ratio's range; the network's exact update KL where a run measured it), and the run's
+  whole config. A run with a row, or with summary.json in its folder, is done; an interrupted one resumes from its
+  checkpoint. A run or warm-start recorded with other settings than the command makes now is refused, not counted;
+  a row of another study's file is refused (`FIELDS`).
+- Report (`--report`): per loss and lr, the mean held-out accuracy before and after RL and the gain over seeds,
+  the runs that ended below their start, seconds per step and the trust-region statistics; then each loss at its
+  best lr (chosen as above) against PPO-clip at its own: the mean paired difference over the seeds both ran, with
+  its 95% t-interval (study.runner.paired_diffs, t_interval), and the same with the lrs chosen without each seed
+  (a seed that chose the lr does not also score it; with one sweep seed: the other seeds only). An interval that
+  contains 0 is said to be noise, in those words.
+- Time (`--dry-run` and every run's first lines): the runs left, one at a time, plus the warm-starts left. A run
+  takes the mean wall time of this study's finished runs of the same model, steps and held-out size in --results;
+  without such runs, steps x seconds per step (of its finished runs of the model, else built-in) + evaluations x
+  problems x the built-in seconds per evaluated problem. A warm-start takes the mean of the warm.json files in
+  --out, else the built-in figure (`MEASURED`). The command says which figures it used. --jobs 2 shares the same 2
+  cores between two runs, a gain this study has not measured, so the figure is one run at a time.
+- `--model tiny`: the tiny local Llama in place of SmolLM2 (troll.policy keeps its ChatML template for this chat
+  task), for rehearsals and tests: seconds a run. Its byte-level tokenizer spells the same prompts in about 160
+  tokens, so its prompt limit is 256 (the preset's 128 fits SmolLM2's 66-70); nothing else differs.
+- Modes: a run (or --dry-run) and --report. A flag typed that cannot act in the command's mode is refused in one
+  line (study/runner.py): every run flag with --report, which reads only the results file, and --sweep_seeds with
+  a single lr (there is no sweep). A list flag's value given twice is refused (study/runner.py).
+- Its own files only (troll.outputs): a warm-start is made in a new folder of its own and renamed to
+  <out>/warm-s<seed> when whole (onto nothing or an empty folder); its log <out>/warm-s<seed>.log starts with the
+  line `WARM_LOG` and replaces only a log of its own; a run writes only in its own folder (troll.harness). A file,
+  folder or link of those names that the study did not write is refused in one line before anything is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import json
+import math
+import os
+import shutil
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from study.runner import (
+    given,
+    grid_problem,
+    inert_flag,
+    paired_diffs,
+    pm,
+    read_results,
+    report_rows,
+    run_all,
+    t_interval,
+    train_run,
+    workers,
+)
+from troll import outputs, plot
+from troll.cli import Parser, UsageError, run_command
+from troll.config import PRESETS, Config, settings
+
+PROG = "python -m study.real"
+PRESET = "smollm2-words"
+# --model: the preset's model, or the tiny local one for rehearsals (its prompt limit: module docstring)
+MODELS: dict[str, dict] = {"smollm2-135m-instruct": {}, "tiny": dict(model="tiny", max_prompt_len=256)}
+LOSSES = ("troll", "ppo_clip", "dppo", "cispo")
+DEFAULT_LOSSES = ("troll", "ppo_clip")
+LRS = (5e-6, 1e-5, 2e-5)
+SEEDS = (0, 1, 2)
+BASELINE = "ppo_clip"
+# The settings that ask and score a problem: every run keeps the preset's (`config` checks)
+ASKED = ("task", "chat", "data", "reverse_sum", "max_prompt_len", "max_new_tokens", "temperature", "prompts_per_step",
+         "samples_per_prompt", "minibatches", "epochs", "advantage", "agg", "level", "eval_every")  # fmt: skip
+# The trust region's statistics a row keeps per step where metrics.jsonl has them (troll.losses, troll.diagnostics)
+TR_KEYS = ("frac_active", "kl_before_mean", "kl_before_max", "kl_after_mean", "kl_after_max", "kl_update_mean",
+           "kl_update_max", "dual_support_size_mean", "ratio_min", "ratio_max", "entropy", "grad_norm")  # fmt: skip
+# The built-in time figures, used until this study has finished runs of the model: SmolLM2's measured on the
+# project's 2-core machine while another smollm2-words run and tests shared its cores (runs/smollm2-troll-s0, RL
+# steps 1-7: 67-201 s, mean 128 s; its evaluation of 100 problems: 85-91 s; its warm-start, 5 steps and the
+# probe: about 200 s), so an upper figure: on idle cores a step takes about 40-60 s. The tiny model's: this
+# study's rehearsal on the same busy machine (1 step, 4 problems: 17-20 s a run, mostly loading the task).
+MEASURED = {
+    "smollm2-135m-instruct": {"step_s": 128.0, "eval_s": 0.9, "warm_s": 200.0,
+                              "source": "built-in figures measured with the 2 cores shared (study/real.py MEASURED)"},
+    "tiny": {"step_s": 2.5, "eval_s": 2.0, "warm_s": 30.0, "source": "built-in figures (study/real.py MEASURED)"},
+}  # fmt: skip
+WARM_LOG = "# python -m study.real: the warm-start of seed {seed}"  # a warm-start log's first line: its own
+# What a results row holds that the study reads (study.runner.check_rows): another study's rows lack step_s
+FIELDS = {"name": None, "loss": LOSSES, "lr": None, "seed": None, "model": MODELS, "eval_before": None,
+          "eval_after": None, "step_s": None, "config": None}  # fmt: skip
+# The list flags and each run's value of them (study.runner.grid_problem: no value twice)
+FLAGS = {"losses": lambda run: run.loss, "lrs": lambda run: run.lr, "seeds": lambda run: run.seed}
+
+
+@dataclass(frozen=True)
+class Run:
+    loss: str
+    lr: float
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.loss}_lr{self.lr:g}_s{self.seed}"
+
+
+# ----------------------------------------------------------------------------- the runs and their configs
+
+
+def preset(model: str) -> dict:
+    """The preset's settings for `model` (`MODELS`)."""
+    return PRESETS[PRESET] | MODELS[model]
+
+
+def sweep_seeds(args: argparse.Namespace) -> list[int]:
+    return list(args.seeds[: args.sweep_seeds])
+
+
+def later_seeds(args: argparse.Namespace) -> list[int]:
+    return list(args.seeds[args.sweep_seeds :])
+
+
+def sweep(args: argparse.Namespace) -> list[Run]:
+    """The sweep's runs: every lr of every loss on the sweep seeds, seed by seed, lr by lr."""
+    return [Run(loss, lr, seed) for seed in sweep_seeds(args) for lr in args.lrs for loss in args.losses]
+
+
+def at_best(args: argparse.Namespace, best: dict[str, float]) -> list[Run]:
+    """The later seeds' runs: each loss at its best lr (`best`: loss -> lr), seed by seed."""
+    return [Run(loss, best[loss], seed) for seed in later_seeds(args) for loss in args.losses]
+
+
+def every_run(args: argparse.Namespace) -> list[Run]:
+    """Every run the flags can make, whatever the sweep chooses: what a recorded run is checked against."""
+    return [Run(loss, lr, seed) for seed in args.seeds for lr in args.lrs for loss in args.losses]
+
+
+def warm_dir(args: argparse.Namespace, seed: int) -> Path:
+    return Path(args.out) / f"warm-s{seed}"
+
+
+def warm_config(args: argparse.Namespace, seed: int) -> Config:
+    """The seed's warm-start: the preset's, at most --sft_steps supervised steps."""
+    return Config(**(preset(args.model) | dict(seed=seed, sft_steps=args.sft_steps, out=str(warm_dir(args, seed)))))
+
+
+def config(run: Run, args: argparse.Namespace) -> Config:
+    """The run's troll.train config: the preset's, from the seed's warm-start, with the run's loss, lr and seed
+    (module docstring); a setting of `ASKED` that is not the preset's is a ValueError."""
+    base = preset(args.model)
+    cfg = Config(**(base | dict(
+        model=str(warm_dir(args, run.seed)), sft_steps=0, loss=run.loss, lr=run.lr, seed=run.seed, steps=args.steps,
+        eval_size=args.eval_size, save_every=base["eval_every"], out=str(Path(args.out) / run.name),
+    )))  # fmt: skip
+    asked = Config(**base)
+    if changed := [f for f in ASKED if getattr(cfg, f) != getattr(asked, f)]:
+        raise ValueError(f"run {run.name} would not ask the preset's problems: {', '.join(changed)} changed")
+    return cfg
+
+
+# ----------------------------------------------------------------------------- the warm-starts
+
+
+def warm_log(args: argparse.Namespace, seed: int) -> outputs.Target:
+    """<out>/warm-s<seed>.log, the warm-start's output: the study's own when it starts with its line (WARM_LOG)."""
+    return outputs.log_file(Path(args.out) / f"warm-s{seed}.log", WARM_LOG.format(seed=seed), "--out")
+
+
+def warm_problem(folder: Path) -> str | None:
+    """Why a warm-start may not be put at `folder` (it has no warm.json), in one line, or None: new, or an empty
+    folder, which the finished warm-start replaces whole; a link, a file or a folder with files is refused."""
+    keep = "so it is left as it is: move it away, or choose another --out"
+    if folder.is_symlink():
+        return f"{folder} is a symbolic link, where a warm-start goes, {keep}"
+    if folder.exists() and not folder.is_dir():
+        return f"{folder} is a file, where a warm-start goes, {keep}"
+    if folder.is_dir() and any(folder.iterdir()):
+        return f"{folder} holds files but no warm.json, so it is no finished warm-start of this study, {keep}"
+    return None
+
+
+def warm_record(args: argparse.Namespace, seed: int) -> dict | None:
+    """The seed's warm.json (what made it and how long it took), None when there is none."""
+    path = warm_dir(args, seed) / "warm.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def check_warm_starts(args: argparse.Namespace) -> None:
+    """Every seed's warm-start, where one is made, is this command's (its model and step limit); one to make has
+    its folder free and its log new or the study's own. A UsageError names the first that is not."""
+    for seed in args.seeds:
+        record = warm_record(args, seed)
+        if record is None:
+            outputs.check([warm_log(args, seed)])
+            if problem := warm_problem(warm_dir(args, seed)):
+                raise UsageError(problem)
+            continue
+        made = {"model": record.get("model"), "sft_steps": record.get("sft_limit")}
+        for flag, was in made.items():
+            if was != getattr(args, flag):
+                raise UsageError(
+                    f"{warm_dir(args, seed)} was warm-started with --{flag} {was}: give that, or choose another --out"
+                )
+
+
+def same_prompts(cfg: Config, tokenizer, saved: Path, task) -> None:
+    """The tokenizer saved in `saved` asks the task's first training and held-out problems token for token as the
+    run's model does (its chat template kept; the preset's task is asked as GSM8K is: troll.gsm8k.make_prompt); a
+    UsageError if not."""
+    from transformers import AutoTokenizer
+
+    from troll.gsm8k import make_prompt
+    from troll.task import encode
+
+    again = AutoTokenizer.from_pretrained(saved)
+    questions = [r["question"] for r in task.train[:4] + task.test[:4]]
+    asked = encode(tokenizer, [task.prompt(q) for q in questions])
+    if asked != encode(again, [make_prompt(q, again, chat=cfg.chat) for q in questions]):
+        raise UsageError(f"{saved}: the saved tokenizer does not ask the preset's prompts (its chat template changed)")
+
+
+def warm_start(seed: int, args: argparse.Namespace) -> dict:
+    """The preset's warm-start for `seed`, saved whole to warm_dir (model, tokenizer, warm.json); returns its
+    record (troll.warmstart's, and `warm_s`, its wall time)."""
+    import torch
+
+    from troll.harness import device_of
+    from troll.policy import build_model
+    from troll.task import load_task
+    from troll.warmstart import warm_start_task
+
+    cfg, out, t0 = warm_config(args, seed), warm_dir(args, seed), time.time()
+    torch.manual_seed(seed)
+    model, tokenizer = build_model(cfg, device_of(cfg))
+    task, _ = load_task(cfg, tokenizer)
+    with outputs.writing(warm_log(args, seed), keep_on_error=True) as log, contextlib.redirect_stdout(log):
+        print(WARM_LOG.format(seed=seed), flush=True)  # its first line: the log is the study's own
+        record = warm_start_task(cfg, model, tokenizer, task)
+    work = out.with_name(f".{out.name}.{os.getpid()}.tmp")  # a new folder of its own, made exclusively
+    work.mkdir()
+    try:
+        model.save_pretrained(work)
+        tokenizer.save_pretrained(work)
+        same_prompts(cfg, tokenizer, work, task)
+        record |= {"warm_s": round(time.time() - t0, 1)}
+        made = {"seed": seed, "model": args.model, "sft_limit": args.sft_steps, "preset": PRESET}
+        (work / "warm.json").write_text(json.dumps(made | record, indent=2) + "\n")
+        try:
+            os.rename(work, out)  # onto nothing or an empty folder: never over a file, never through a link
+        except OSError as e:
+            if e.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
+                raise
+            raise UsageError(warm_problem(out) or f"{out} appeared during the warm-start: run it again") from None
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)  # its own folder, made above
+        raise
+    return record
+
+
+# ----------------------------------------------------------------------------- results rows
+
+
+def collect(run: Run, out: Path, model: str) -> dict:
+    """One results row from a finished run's folder (module docstring)."""
+    summary = json.loads((out / "summary.json").read_text())
+    metrics = plot.read_metrics(out)
+    steps = [m for m in metrics if "eval_acc" not in m]
+    per_step = {k: [m[k] for m in steps] for k in TR_KEYS if steps and all(k in m for m in steps)}
+    seconds = [sum(v for k, v in m.items() if k.startswith("time_")) for m in steps]
+    return {
+        "name": run.name,
+        **asdict(run),
+        "model": model,
+        "eval_before": summary["eval_before"],
+        "eval_after": summary["eval_after"],
+        "eval_best": summary["eval_best"],
+        "eval_curve": [[m["step"], m["eval_acc"]] for m in metrics if "eval_acc" in m],
+        "eval_problems": summary["eval_problems"],
+        "steps": len(steps),
+        "reward": [m["reward"] for m in steps],
+        "step_s": statistics.fmean(seconds) if seconds else math.nan,
+        "wall_clock_s": summary["wall_clock_s"],
+        **{k: statistics.fmean(v) for k, v in per_step.items()},
+        "per_step": per_step,
+        "skipped_steps": summary["skipped_steps"],
+        "config": settings(json.loads((out / "config.json").read_text())),
+    }
+
+
+def execute(run: Run, cfg: Config, model: str) -> dict:
+    """Train one run (study.runner.train_run); returns its results row."""
+    return collect(run, train_run(cfg), model)
+
+
+def check_recorded(args: argparse.Namespace, done: dict[str, dict]) -> None:
+    """Every run of the flags that is recorded (a results row, or config.json in its folder) was made with the
+    settings the command makes now; otherwise a UsageError naming the run, the fields and the way forward."""
+    for run in every_run(args):
+        want = settings(asdict(config(run, args)))
+        path = Path(args.out) / run.name / "config.json"
+        row = done.get(run.name)
+        saved = settings(json.loads(path.read_text())) if path.is_file() else None
+        for where, have in ((args.results, row and settings(row["config"])), (path, saved)):
+            if have is not None and have != want:
+                changed = ", ".join(sorted(k for k in want if have.get(k) != want[k]))
+                raise UsageError(
+                    f"{run.name} ({where}) was run with other settings ({changed}): give the flags it was run with, "
+                    "or choose another --out and --results"
+                )
+
+
+# ----------------------------------------------------------------------------- the best learning rate, paired
+
+
+def best_lr(rows: Sequence[dict], loss: str, without: int | None = None) -> tuple[float, list[int]] | None:
+    """The loss's best lr in `rows` and the seeds that chose it: of the lrs it ran, the one with the highest mean
+    held-out accuracy after RL over the seeds that ran every one of them (the sweep seeds; `without`: that seed
+    left out); ties go to the smaller lr. None when no such seed is left."""
+    after = {(r["lr"], r["seed"]): r["eval_after"] for r in rows if r["loss"] == loss}
+    lrs = sorted({lr for lr, _ in after})
+    seeds = sorted({s for _, s in after if s != without and all((lr, s) in after for lr in lrs)})
+    if not seeds:
+        return None
+    score = {lr: statistics.fmean(after[lr, s] for s in seeds) for lr in lrs}
+    return max(lrs, key=lambda lr: (score[lr], -lr)), seeds
+
+
+def chosen(rows: Sequence[dict], args: argparse.Namespace) -> dict[str, float] | None:
+    """Each loss's best lr from the sweep's rows (`best_lr` over the sweep seeds and --lrs); None until every sweep
+    run has its row."""
+    names = {r.name for r in sweep(args)}
+    mine = [r for r in rows if r["name"] in names]
+    if len(mine) < len(names):
+        return None
+    return {loss: best_lr(mine, loss)[0] for loss in args.losses}
+
+
+def compare(rows: Sequence[dict], loss: str, baseline: str = BASELINE) -> dict | None:
+    """`loss` at its best lr against `baseline` at its own (`best_lr`): the mean paired difference in held-out
+    accuracy after RL over the seeds both ran, with its 95% t-interval, and the same with both lrs chosen without
+    each seed (scored on that seed only); their seconds per step. None when either has no best lr."""
+    best = {x: best_lr(rows, x) for x in (loss, baseline)}
+    if None in best.values():
+        return None
+
+    def at(x: str, lr: float) -> dict[int, dict]:
+        return {r["seed"]: r for r in sorted(rows, key=lambda r: r["seed"]) if (r["loss"], r["lr"]) == (x, lr)}
+
+    (a, a_seeds), (b, b_seeds) = best[loss], best[baseline]
+    mine, base = at(loss, a), at(baseline, b)
+    diffs = paired_diffs({s: r["eval_after"] for s, r in mine.items()}, {s: r["eval_after"] for s, r in base.items()})
+    held_out = []
+    for seed in sorted({r["seed"] for r in rows}):
+        picks = [best_lr(rows, x, without=seed) for x in (loss, baseline)]
+        if None not in picks:
+            pair = [at(x, pick[0]).get(seed) for x, pick in zip((loss, baseline), picks, strict=True)]
+            if None not in pair:
+                held_out.append(pair[0]["eval_after"] - pair[1]["eval_after"])
+    paired = sorted(set(mine) & set(base))
+    return {
+        "loss": loss, "baseline": baseline, "lr": a, "lr_baseline": b, "chosen_on": a_seeds,
+        "chosen_on_baseline": b_seeds, "n": len(diffs), "diff": t_interval(diffs) if diffs else (math.nan, math.nan),
+        "held_out_n": len(held_out), "held_out": t_interval(held_out) if held_out else (math.nan, math.nan),
+        "after": statistics.fmean(mine[s]["eval_after"] for s in paired) if paired else math.nan,
+        "after_baseline": statistics.fmean(base[s]["eval_after"] for s in paired) if paired else math.nan,
+        "step_s": statistics.fmean(r["step_s"] for r in mine.values()),
+        "step_s_baseline": statistics.fmean(r["step_s"] for r in base.values()),
+    }  # fmt: skip
+
+
+def verdict(diff: float, half: float, n: int, loss: str, baseline: str) -> str:
+    """What a paired difference and its 95% half-width say, in words."""
+    if n == 0:
+        return "no seed to pair"
+    if math.isnan(half):
+        return "nothing to conclude"
+    if diff - half <= 0 <= diff + half:
+        return f"the interval contains 0: noise, no difference between {loss} and {baseline} shown"
+    return f"the interval excludes 0: {loss if diff > 0 else baseline} ahead"
+
+
+def seeds_text(n: int) -> str:
+    return f"{n} seed{'' if n == 1 else 's'}"
+
+
+def report(rows: Sequence[dict]) -> str:
+    """`report_model` for each model of the rows (one section each where there are several)."""
+    models = [m for m in MODELS if any(r["model"] == m for r in rows)]
+    if len(models) == 1:
+        return report_model(rows)
+    return "\n\n".join(f"## {m}\n\n{report_model([r for r in rows if r['model'] == m])}" for m in models)
+
+
+def report_model(rows: Sequence[dict]) -> str:
+    """The per-run table (loss, lr) and each loss at its best lr against PPO-clip at its own, as markdown."""
+    cells: dict[tuple, list[dict]] = {}
+    for r in sorted(rows, key=lambda r: (LOSSES.index(r["loss"]), r["lr"], r["seed"])):
+        cells.setdefault((r["loss"], r["lr"]), []).append(r)
+    best = {loss: b[0] for loss in {r["loss"] for r in rows} if (b := best_lr(rows, loss))}
+
+    def mean(runs: list[dict], key: str) -> str:
+        values = [r[key] for r in runs if key in r]
+        return f"{statistics.fmean(values):.4f}" if len(values) == len(runs) else "-"
+
+    lines = [
+        "| loss | lr | seeds | before | after | gain | below start | s / step | frac active | KL(p‖q) before | "
+        "KL(p‖q) after | update KL |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (loss, lr), runs in cells.items():
+        mark = " (best)" if best.get(loss) == lr else ""
+        lines.append(
+            f"| {loss} | {lr:g}{mark} | {','.join(str(r['seed']) for r in runs)} | "
+            f"{statistics.fmean(r['eval_before'] for r in runs):.3f} | "
+            f"{statistics.fmean(r['eval_after'] for r in runs):.3f} | "
+            f"{statistics.fmean(r['eval_after'] - r['eval_before'] for r in runs):+.3f} | "
+            f"{sum(r['eval_after'] < r['eval_before'] for r in runs)}/{len(runs)} | "
+            f"{statistics.fmean(r['step_s'] for r in runs):.1f} | {mean(runs, 'frac_active')} | "
+            f"{mean(runs, 'kl_before_mean')} | {mean(runs, 'kl_after_mean')} | {mean(runs, 'kl_update_mean')} |"
+        )
+    lines += ["", "Each loss at its own best lr (the highest mean held-out accuracy after RL over the seeds that ran "
+              "every lr; 95% t-intervals over seeds):"]  # fmt: skip
+    others = [x for x in LOSSES if x != BASELINE and x in best]
+    if BASELINE not in best:
+        lines.append(f"- no {BASELINE} run with a best lr in these results: nothing to pair with")
+    for loss in others if BASELINE in best else ():
+        c = compare(rows, loss)
+        (d, h), (dh, hh) = c["diff"], c["held_out"]
+        seeds = ",".join(map(str, c["chosen_on"]))
+        lines += [
+            f"- {loss} at lr {c['lr']:g} - {BASELINE} at lr {c['lr_baseline']:g} (chosen on seeds {seeds}), "
+            f"{seeds_text(c['n'])}: {c['after']:.3f} - {c['after_baseline']:.3f} = {pm(d, h)}: "
+            f"{verdict(d, h, c['n'], loss, BASELINE)}",
+            f"  - lrs chosen without the seed they are scored on, {seeds_text(c['held_out_n'])}: {pm(dh, hh)}: "
+            f"{verdict(dh, hh, c['held_out_n'], loss, BASELINE)}",
+            f"  - seconds per RL step at those lrs: {loss} {c['step_s']:.1f}, {BASELINE} {c['step_s_baseline']:.1f}",
+        ]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- the time estimate
+
+
+def evaluations(args: argparse.Namespace) -> int:
+    """Held-out evaluations a run makes: before RL, every eval_every steps and at the last (troll.harness)."""
+    every = preset(args.model)["eval_every"]
+    return 1 + sum(1 for s in range(1, args.steps + 1) if s % every == 0 or s == args.steps)
+
+
+def time_figures(args: argparse.Namespace, done: dict[str, dict]) -> dict:
+    """Seconds per RL step, per evaluated problem, per run (where measured) and per warm-start, and where they come
+    from (module docstring)."""
+    figures = dict(MEASURED[args.model])
+    runs = [r for r in done.values() if r["model"] == args.model and r.get("steps")]
+    same = [r for r in runs if (r["steps"], r.get("eval_problems")) == (args.steps, args.eval_size)]
+    if same:  # runs of these settings: their whole wall time (loading, evaluations, checkpoints included)
+        figures |= {"step_s": statistics.fmean(r["step_s"] for r in same)}
+        figures |= {"run_s": statistics.fmean(r["wall_clock_s"] for r in same)}
+        figures["source"] = f"measured: the mean of {len(same)} finished run(s) of these settings in {args.results}"
+    elif runs:  # runs of other lengths: their step time, the built-in time per evaluated problem
+        figures["step_s"] = statistics.fmean(r["step_s"] for r in runs)
+        figures["source"] = f"step: the mean of {len(runs)} finished run(s) in {args.results}; {figures['source']}"
+    warm = [w["warm_s"] for s in args.seeds if (w := warm_record(args, s)) and "warm_s" in w]
+    if warm:
+        figures["warm_s"] = statistics.fmean(warm)
+        figures["source"] += f"; warm-start: the mean of {len(warm)} in {args.out}"
+    return figures
+
+
+def estimate(args: argparse.Namespace, runs: int, warm_starts: int, figures: dict) -> str:
+    """The time of `runs` runs and `warm_starts` warm-starts one at a time, as a line that names its figures."""
+    evals = evaluations(args)
+    run_s = figures.get("run_s", args.steps * figures["step_s"] + evals * args.eval_size * figures["eval_s"])
+    how = (
+        f"{figures['step_s']:.1f} s a step"
+        if "run_s" in figures
+        else f"{args.steps} steps x {figures['step_s']:.1f} s + {evals} evaluations of {args.eval_size} problems x "
+        f"{figures['eval_s']:.2f} s"
+    )
+    total = runs * run_s + warm_starts * figures["warm_s"]
+    return (
+        f"time: about {total / 60:.0f} min one run at a time ({runs} runs x {run_s / 60:.1f} min ({how}) + "
+        f"{warm_starts} warm-starts x {figures['warm_s'] / 60:.1f} min; {figures['source']})"
+    )
+
+
+# ----------------------------------------------------------------------------- the command
+
+MODES = {"run": "without --report", "report": "with --report"}
+RUN_FLAGS = ("--model", "--losses", "--lrs", "--seeds", "--sweep_seeds", "--steps", "--eval_size", "--sft_steps",
+             "--out", "--jobs", "--dry-run")  # fmt: skip
+ACTS = dict.fromkeys(RUN_FLAGS, ("run",))  # --report reads only the results file; --results acts in both modes
+
+
+def parser() -> Parser:
+    """The command's flags."""
+    p = Parser(prog=PROG, description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="smollm2-135m-instruct", choices=list(MODELS),
+                   help="the preset's model, or tiny for a rehearsal; default: %(default)s")  # fmt: skip
+    p.add_argument("--losses", nargs="+", default=list(DEFAULT_LOSSES), choices=list(LOSSES))
+    p.add_argument("--lrs", nargs="+", type=float, default=list(LRS), help="the sweep's learning rates")
+    p.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS))
+    p.add_argument(
+        "--sweep_seeds",
+        type=int,
+        default=1,
+        help="the first this many --seeds run every lr, the others each loss's best; default: %(default)s",
+    )
+    p.add_argument("--steps", type=int, default=PRESETS[PRESET]["steps"],
+                   help="RL steps per run; default: the preset's %(default)s")  # fmt: skip
+    p.add_argument("--eval_size", type=int, default=PRESETS[PRESET]["eval_size"],
+                   help="held-out problems per evaluation; default: the preset's %(default)s")  # fmt: skip
+    p.add_argument("--sft_steps", type=int, default=PRESETS[PRESET]["sft_steps"],
+                   help="the warm-start's step limit; default: the preset's %(default)s")  # fmt: skip
+    p.add_argument("--out", default="runs/real", help="one folder per run and warm-start in here; default: %(default)s")
+    p.add_argument("--results", default="study/real.jsonl", help="results file (JSONL); default: %(default)s")
+    p.add_argument("--jobs", type=int, default=1, help="runs at a time; default: %(default)s")
+    p.add_argument("--dry-run", action="store_true", help="list the runs and their time, run nothing")
+    p.add_argument("--report", action="store_true", help="print the tables of the results file")
+    return p
+
+
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = parser()
+    args = p.parse_args(argv)
+    if problem := inert_flag(p, argv, ACTS, ["report" if args.report else "run"], MODES):
+        p.error(problem)
+    for name in ("steps", "eval_size", "sft_steps", "jobs", "sweep_seeds"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if any(not (lr > 0 and math.isfinite(lr)) for lr in args.lrs):
+        p.error(f"--lrs must be positive and finite, got {' '.join(map(str, args.lrs))}")
+    if problem := grid_problem(p, args, every_run(args), FLAGS, "every value makes runs"):
+        p.error(problem)
+    if args.sweep_seeds > len(args.seeds):
+        p.error(f"--sweep_seeds {args.sweep_seeds} is more than the {len(args.seeds)} --seeds: give at most that many")
+    if len(args.lrs) == 1 and "--sweep_seeds" in given(p, argv):
+        p.error("--sweep_seeds cannot act with a single --lrs value: there is no sweep; drop it, or give more lrs")
+    if Path(args.out).is_file() or Path(args.results).is_dir():
+        p.error("--out must be a folder and --results a file")
+    try:  # every run's config is checked before any work
+        for run in every_run(args):
+            config(run, args)
+    except ValueError as e:
+        p.error(str(e))
+    return args
+
+
+def progress(row: dict) -> str:
+    """A finished run's line: held-out accuracy before and after RL, and seconds per step."""
+    return f"{row['name']}: {row['eval_before']:.3f} -> {row['eval_after']:.3f}, {row['step_s']:.1f} s / step"
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict]:
+    """Print the report, or list and run the runs (the sweep, then the later seeds at each loss's best lr); returns
+    the rows read or made."""
+    args = parse(argv)
+    if args.report:
+        rows = report_rows(Path(args.results), PROG, FIELDS)
+        print(report(rows))
+        return rows
+    done = read_results(Path(args.results), FIELDS, PROG)
+    check_recorded(args, done)
+    check_warm_starts(args)
+    first, best = sweep(args), chosen(list(done.values()), args)
+    later = at_best(args, best) if best else []
+    n_later = len(later_seeds(args)) * len(args.losses)
+    todo_later = len([r for r in later if r.name not in done]) if best else n_later
+    needed = {r.seed for r in first if r.name not in done} | set(later_seeds(args) if not best else ())
+    needed |= {r.seed for r in later if r.name not in done}  # the seeds with a run to make: their warm-starts
+    warm = [s for s in args.seeds if s in needed and warm_record(args, s) is None]
+    seeds = " ".join(map(str, sweep_seeds(args)))
+    print(f"sweep: seeds {seeds}, every lr of every loss: {len(first)} runs, "
+          f"{sum(r.name in done for r in first)} done")  # fmt: skip
+    for run in first if args.dry_run else ():
+        print(f"  {'done ' if run.name in done else ''}{run.name}")
+    if n_later:
+        at = ", ".join(f"{loss} {lr:g}" for loss, lr in best.items()) if best else "chosen when the sweep is done"
+        print(f"then seeds {' '.join(map(str, later_seeds(args)))} at each loss's best lr ({at}): {n_later} runs, "
+              f"{n_later - todo_later} done")  # fmt: skip
+        for run in later if args.dry_run else ():
+            print(f"  {'done ' if run.name in done else ''}{run.name}")
+    print(f"warm-starts to make: {len(warm)} (seeds {' '.join(map(str, warm)) or '-'})")
+    runs_left = len([r for r in first if r.name not in done]) + todo_later
+    print(estimate(args, runs_left, len(warm), time_figures(args, done)) + f"; {args.jobs} job(s)")
+    if args.dry_run:
+        return []
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+    with workers(args.jobs) as pool:
+        for seed, future in [(s, pool.submit(warm_start, s, args)) for s in warm]:
+            record = future.result()
+            print(f"warm-start seed {seed}: {record['sft_steps_run']} steps, probe {record['sft_probe_acc']:.3f}, "
+                  f"{record['warm_s']:.0f} s", flush=True)  # fmt: skip
+        calls = [(run, config(run, args), args.model) for run in first if run.name not in done]
+        rows += run_all(pool, execute, calls, Path(args.results), progress)
+        if n_later:
+            best = chosen(list(read_results(Path(args.results), FIELDS, PROG).values()), args)
+            print(f"best lr on seeds {seeds}: {', '.join(f'{loss} {lr:g}' for loss, lr in best.items())}", flush=True)
+            calls = [(run, config(run, args), args.model) for run in at_best(args, best) if run.name not in done]
+            rows += run_all(pool, execute, calls, Path(args.results), progress)
+    return rows
+
+
+if __name__ == "__main__":
+    run_command(PROG, main)
