@@ -106,6 +106,12 @@ COMMANDS = {
             bounded=RUN_LENGTHS,
         ),  # fmt: skip
         Command(
+            "study.real",
+            base=("--steps", "1", "--sft_steps", "1", "--eval_size", "2"),
+            stop=("with workers(args.jobs) as pool:",),
+            bounded=RUN_LENGTHS,
+        ),  # fmt: skip
+        Command(
             "study.bandit",
             base=("--steps", "1", "--samples", "2"),
             stop=("with workers(args.jobs, in_process",),
