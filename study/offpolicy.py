@@ -62,11 +62,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import json
 import math
-import os
-import shutil
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -113,6 +110,7 @@ from study.runner import (
     report_modes,
     report_rows,
     run_all,
+    save_warm,
     t_interval,  # noqa: F401  (docs/results.md names it study.offpolicy.t_interval)
     train_run,
     workers,
@@ -147,22 +145,8 @@ def warm_start(seed: int, args: argparse.Namespace) -> dict:
         record = warm_start_task(cfg, model, tokenizer, task)
     if task.behaviour:  # how rare the rewarded behaviour is where RL starts
         record |= behaviour_rate(cfg, model, tokenizer, task)
-    work = out.with_name(f".{out.name}.{os.getpid()}.tmp")  # a new folder of its own, made exclusively
-    work.mkdir()
-    try:
-        model.save_pretrained(work)
-        tokenizer.save_pretrained(work)
-        made = {"seed": seed, "sft_limit": args.sft_steps, "task": args.task, "vocab_size": args.vocab_size}
-        (work / "warm.json").write_text(json.dumps(made | record, indent=2) + "\n")
-        try:
-            os.rename(work, out)  # onto nothing or an empty folder: never over a file, never through a link
-        except OSError as e:
-            if e.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
-                raise
-            raise UsageError(warm_problem(out) or f"{out} appeared during the warm-start: run it again") from None
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)  # its own folder, made above
-        raise
+    made = {"seed": seed, "sft_limit": args.sft_steps, "task": args.task, "vocab_size": args.vocab_size}
+    save_warm(out, model, tokenizer, made | record, warm_problem)
     return record
 
 

@@ -67,15 +67,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import json
 import math
-import os
-import shutil
 import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 from study.runner import (
@@ -87,6 +85,7 @@ from study.runner import (
     read_results,
     report_rows,
     run_all,
+    save_warm,
     t_interval,
     train_run,
     workers,
@@ -271,24 +270,9 @@ def warm_start(seed: int, args: argparse.Namespace) -> dict:
     with outputs.writing(warm_log(args, seed), keep_on_error=True) as log, contextlib.redirect_stdout(log):
         print(WARM_LOG.format(seed=seed), flush=True)  # its first line: the log is the study's own
         record = warm_start_task(cfg, model, tokenizer, task)
-    work = out.with_name(f".{out.name}.{os.getpid()}.tmp")  # a new folder of its own, made exclusively
-    work.mkdir()
-    try:
-        model.save_pretrained(work)
-        tokenizer.save_pretrained(work)
-        same_prompts(cfg, tokenizer, work, task)
-        record |= {"warm_s": round(time.time() - t0, 1)}
-        made = {"seed": seed, "model": args.model, "sft_limit": args.sft_steps, "preset": PRESET}
-        (work / "warm.json").write_text(json.dumps(made | record, indent=2) + "\n")
-        try:
-            os.rename(work, out)  # onto nothing or an empty folder: never over a file, never through a link
-        except OSError as e:
-            if e.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
-                raise
-            raise UsageError(warm_problem(out) or f"{out} appeared during the warm-start: run it again") from None
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)  # its own folder, made above
-        raise
+    record |= {"warm_s": round(time.time() - t0, 1)}
+    made = {"seed": seed, "model": args.model, "sft_limit": args.sft_steps, "preset": PRESET}
+    save_warm(out, model, tokenizer, made | record, warm_problem, partial(same_prompts, cfg, tokenizer, task=task))
     return record
 
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import io
 import json
 import math
@@ -45,6 +46,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import replace
 from multiprocessing import get_context
 from pathlib import Path
+from typing import Any
 
 from troll import outputs
 from troll.checkpoint import read_jsonl, rewrite_jsonl, rows_by_name
@@ -385,3 +387,34 @@ def pm(diff: float, half: float, fmt: str = "+.3f", half_fmt: str = ".3f") -> st
     if math.isnan(diff):
         return "-"
     return f"{diff:{fmt}} (1 seed)" if math.isnan(half) else f"{diff:{fmt}} ± {half:{half_fmt}}"
+
+
+def save_warm(
+    out: Path,
+    model: Any,
+    tokenizer: Any,
+    warm: dict,
+    problem: Callable[[Path], str | None],
+    check: Callable[[Path], None] | None = None,
+) -> None:
+    """A seed's warm-start saved whole at `out`: model, tokenizer and `warm` as warm.json into a new folder of its own
+    (made exclusively), `check(folder)` on it, then renamed onto `out`, onto nothing or an empty folder, never over a
+    file or through a link. Something that appeared at `out` meanwhile is a UsageError (`problem(out)`, the study's
+    own reading of it); the new folder is removed on any failure."""
+    work = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    work.mkdir()
+    try:
+        model.save_pretrained(work)
+        tokenizer.save_pretrained(work)
+        if check:
+            check(work)
+        (work / "warm.json").write_text(json.dumps(warm, indent=2) + "\n")
+        try:
+            os.rename(work, out)
+        except OSError as e:
+            if e.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
+                raise
+            raise UsageError(problem(out) or f"{out} appeared during the warm-start: run it again") from None
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)  # its own folder, made above
+        raise
