@@ -51,10 +51,15 @@ from pathlib import Path
 
 from study.bandit_sim import TARGETS, THRESHOLD, Cell, simulate
 from study.runner import (
+    NAME,
+    OBJECT,
+    PER_STEP,
     REPORT_MODES,
+    SEED,
     check_figures,
     grid_problem,
     inert_flag,
+    one_of,
     paired_diffs,
     plan,
     pm,
@@ -68,6 +73,7 @@ from study.runner import (
     workers,
 )
 from troll.cli import Parser, run_command
+from troll.schema import Spec
 
 FOCUS = 2  # the context reported in the table: the good token at 0.005 (rank 21 of 32,000; the rank 20)
 VARIANTS: dict[str, tuple[str, dict]] = {
@@ -109,10 +115,14 @@ SMALL = ("troll-0.05", "clip-0.2", "cispo", "dppo", "dppo-cap10000")  # the defa
 CELL_VARIANTS = {"noisy": NOISY_SWEEP, "qwen": SMALL[:2], "passes1": SMALL, "lr-high": SMALL, "noisy-lr-high": SMALL}
 
 
-# What a results row holds that the report and figures read (None: any value; study.runner.check_rows)
+# What a results row holds that the report and figures read, as declared (study.runner.check_rows)
 FIELDS = {
-    "name": None, "cell": CELLS, "variant": VARIANTS, "seed": None, "settings": None, "q0": None, "p_good": None,
-    "steps_to": None, "auc": None, "final": None, "kl_update_mean": None, "kl_update_max": None, "collapsed": None,
+    "name": NAME, "cell": one_of(CELLS), "variant": one_of(VARIANTS), "seed": SEED, "settings": OBJECT,
+    "q0": Spec("number", low=0, high=1, per_token=True, per="context"),
+    "p_good": Spec("list", per_token=True, per="context", words="a list of p(good) per step"),
+    "steps_to": Spec("integer", low=0, per_token=True, per="context"), "auc": Spec("float", low=0, high=1),
+    "final": Spec("float", low=0, high=1), "kl_update_mean": PER_STEP, "kl_update_max": PER_STEP,
+    "collapsed": Spec("boolean", per_token=True, per="context"),
 }  # fmt: skip
 # The list flags and each run's value of them (study.runner.grid_problem: no value twice, none that makes no run)
 FLAGS = {"cells": lambda run: run.cell, "variants": lambda run: run.variant, "seeds": lambda run: run.seed}

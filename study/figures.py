@@ -19,33 +19,27 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from study.runner import check_figures, check_rows, save
+from study.runner import ACCURACY, LR, NAME, PER_STEP, SEED, check_figures, check_rows, save
 from troll.checkpoint import read_jsonl
 from troll.cli import Parser, UsageError, run_command
+from troll.schema import Spec
 
-# the fields of a results row that the figures read
-FIELDS = (
-    "name",
-    "variant",
-    "lr",
-    "minibatches",
-    "epochs",
-    "off_policy",
-    "seed",
-    "eval_before",
-    "eval_after",
-    "kl_update_mean",
-    "kl_update_max",
-)
+# the fields of a results row that the figures read, as declared (study.runner.check_rows)
+FIELDS = {
+    "name": NAME, "variant": Spec("string"), "lr": LR, "minibatches": Spec("integer", low=1),
+    "epochs": Spec("integer", low=1), "off_policy": Spec("integer", low=1), "seed": SEED, "eval_before": ACCURACY,
+    "eval_after": ACCURACY, "kl_update_mean": PER_STEP, "kl_update_max": PER_STEP,
+}  # fmt: skip
 FIGURES = ("accuracy_vs_off_policy.png", "kl_update.png")  # what plot_study writes into --out
 MARK = "study.figures"  # its figures carry the PNG text Software=study.figures: its own (troll.outputs)
 
 
 def read_results(path: str | Path) -> list[dict]:
     """The rows of a study results file (JSONL, one finished run per line); a ValueError naming the file and the
-    line when a line is not a JSON object or a row lacks one of `FIELDS` (another study's row: study.runner)."""
+    line when a line is not a JSON object, a row lacks one of `FIELDS` (another study's row) or holds one not as
+    declared there (study.runner.check_rows)."""
     rows = read_jsonl(path)
-    check_rows(Path(path), rows, dict.fromkeys(FIELDS), "python -m study.run")
+    check_rows(Path(path), rows, FIELDS, "python -m study.run")
     return rows
 
 

@@ -8,7 +8,9 @@ import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
+from study.runner import ACCURACY, FLOAT, LR, NAME, SEED, one_of
 from troll.config import Config
+from troll.schema import Spec
 
 SOURCES: dict[str, dict] = {
     "none": {},
@@ -44,11 +46,15 @@ SEEDS = (0, 1, 2, 3, 4)
 BASELINE = "ppo_clip"
 TASKS = ("addition", "rare")  # --task: the main job's, or its variant whose rewarded format starts rare
 THRESHOLD = 0.5  # the rare task's adoption: the first RL step whose samples show the behaviour this often
-# What a results row holds that the report reads (None: any value; study.runner.check_rows). A row's "setting" is
-# optional: rows written before settings existed ran the default (`setting_of`).
+# What a results row holds that the report reads, as declared (study.runner.check_rows). A row's "setting" is
+# optional: rows written before settings existed ran the default (`setting_of`); so are the run's time and, but for
+# the rare task's runs, the share of samples that show its behaviour after each step.
 FIELDS = {
-    "name": None, "lr": None, "seed": None, "source": SOURCES, "anchor": ANCHORS, "loss": LOSSES, "eval_before": None,
-    "eval_after": None, "kl_update_mean": None, "mismatch_kl": None,
+    "name": NAME, "lr": LR, "seed": SEED, "source": one_of(SOURCES), "anchor": one_of(ANCHORS),
+    "loss": one_of(LOSSES), "setting": one_of(SETTINGS, required=False), "eval_before": ACCURACY,
+    "eval_after": ACCURACY, "kl_update_mean": FLOAT, "mismatch_kl": FLOAT,
+    "wall_clock_s": Spec("number", low=0, required=False),
+    "behaviour_rate": Spec("number", low=0, high=1, per_token=True, per="step", required=False),
 }  # fmt: skip
 # The list flags and each run's value of them (study.runner.grid_problem: no value twice, none that makes no run)
 FLAGS = {

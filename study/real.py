@@ -77,9 +77,15 @@ from functools import partial
 from pathlib import Path
 
 from study.runner import (
+    ACCURACY,
+    LR,
+    NAME,
+    OBJECT,
+    SEED,
     given,
     grid_problem,
     inert_flag,
+    one_of,
     paired_diffs,
     pm,
     read_results,
@@ -93,6 +99,7 @@ from study.runner import (
 from troll import outputs, plot
 from troll.cli import Parser, UsageError, run_command
 from troll.config import PRESETS, Config, settings
+from troll.schema import Spec
 
 PROG = "python -m study.real"
 PRESET = "smollm2-words"
@@ -120,9 +127,14 @@ MEASURED = {
     "tiny": {"step_s": 2.5, "eval_s": 2.0, "warm_s": 30.0, "source": "built-in figures (study/real.py MEASURED)"},
 }  # fmt: skip
 WARM_LOG = "# python -m study.real: the warm-start of seed {seed}"  # a warm-start log's first line: its own
-# What a results row holds that the study reads (study.runner.check_rows): another study's rows lack step_s
-FIELDS = {"name": None, "loss": LOSSES, "lr": None, "seed": None, "model": MODELS, "eval_before": None,
-          "eval_after": None, "step_s": None, "config": None}  # fmt: skip
+# What a results row holds that the study reads, as declared (study.runner.check_rows): another study's rows lack
+# step_s. The run's steps, evaluation size and time (the calibration's figures) are read where a row has them.
+FIELDS = {
+    "name": NAME, "loss": one_of(LOSSES), "lr": LR, "seed": SEED, "model": one_of(MODELS), "eval_before": ACCURACY,
+    "eval_after": ACCURACY, "step_s": Spec("number", low=0), "config": OBJECT,
+    "steps": Spec("integer", low=0, required=False), "eval_problems": Spec("integer", low=0, required=False),
+    "wall_clock_s": Spec("number", low=0, required=False),
+}  # fmt: skip
 # The list flags and each run's value of them (study.runner.grid_problem: no value twice)
 FLAGS = {"losses": lambda run: run.loss, "lrs": lambda run: run.lr, "seeds": lambda run: run.seed}
 

@@ -7,8 +7,9 @@ the command's common branches and rules. Each study imports this module and trol
 - Results (`read_results`, `merge_results`): a JSONL file, one row per finished run, read by run name and merged
   by name after every run (rows of other grids in it are kept), rewritten atomically. A torn line, a run listed
   twice with different rows, or a foreign row (`foreign_row`: one lacking a field the study reads, or naming a cell
-  or loss the study does not have: another study's file) is refused with one line naming the file and the line or
-  run; the file is left as it was.
+  or loss the study does not have: another study's file), or a damaged one (`check_rows`: a field the study reads
+  not as its `FIELDS` table declares it, troll.schema's terms, e.g. an accuracy that is a string, null or 1.7) is
+  refused with one line naming the file and the line or run (and the field); the file is left as it was.
 - Paired statistics (`paired_diffs`, `t_interval`): differences between two variants on the same seed, and the 95%
   t-interval of their mean.
 - The command (`save`, `report_rows`, `refuse_other_settings`, `plan`, `grid_problem`, `pm`): a figure written at
@@ -52,6 +53,7 @@ from troll import outputs
 from troll.checkpoint import read_jsonl, rewrite_jsonl, rows_by_name
 from troll.cli import UsageError, fail
 from troll.config import Config
+from troll.schema import SchemaError, Spec, fields_problem, jsonl_lines
 
 # ----------------------------------------------------------------------------- workers
 
@@ -155,8 +157,23 @@ def remove_run(out: Path) -> None:
 # ----------------------------------------------------------------------------- the results file
 
 
-# The fields a study's rows must hold (a study's FIELDS): each field's allowed values, or None for any value.
-Fields = Mapping[str, Collection | None]
+# The fields of a study's rows that it reads (a study's FIELDS, troll.schema's terms): each field's kind, range and
+# allowed values (`choices`). A row that lacks a required field or holds a value not among a field's choices is
+# another study's (`foreign_row`); any other value not as declared is a damaged row (a SchemaError). Fields a table
+# does not declare may hold anything (rows carry more than their study reads).
+Fields = Mapping[str, Spec]
+NAME = Spec("string")
+SEED = Spec("integer")
+LR = Spec("number", low=0)
+ACCURACY = Spec("number", low=0, high=1)  # a share of the evaluation's problems solved
+FLOAT = Spec("float")  # a measurement: NaN and infinities too, as json.dumps writes a float that is one
+OBJECT = Spec("object")
+PER_STEP = Spec("float", per_token=True, per="step")  # one measurement per RL step
+
+
+def one_of(values: Collection[str], required: bool = True) -> Spec:
+    """A field that holds one of `values` (a study's losses, cells, ...): another value is another study's row."""
+    return Spec("string", choices=tuple(values), required=required)
 
 
 class ForeignRow(ValueError):
@@ -164,28 +181,41 @@ class ForeignRow(ValueError):
 
 
 def foreign_row(row: dict, fields: Fields) -> str:
-    """What makes `row` not a row of the study whose rows hold `fields` (the fields it lacks, a value it may not
-    hold); empty when it is one."""
-    missing = [f for f in fields if f not in row]
+    """What makes `row` not a row of the study whose rows hold `fields` (the required fields it lacks, a value not
+    among a field's choices); empty when it is one."""
+    missing = [f for f, spec in fields.items() if spec.required and f not in row]
     problems = [f"lacks {', '.join(missing)}"] if missing else []
     problems += [
-        f"its {f} {row[f]!r} is none of {', '.join(map(str, allowed))}"
-        for f, allowed in fields.items()
-        if allowed is not None and f in row and row[f] not in allowed
+        f"its {f} {row[f]!r} is none of {', '.join(spec.choices)}"
+        for f, spec in fields.items()
+        if spec.choices and f in row and row[f] not in spec.choices
     ]
     return "; ".join(problems)
 
 
 def check_rows(path: Path, rows: Sequence[dict], fields: Fields, study: str) -> None:
     """A ForeignRow naming the file, the line and what the file should hold when a row is not one of `study`'s
-    (`foreign_row`). `rows` are read_jsonl's: one per non-blank line of the file, in order."""
-    lines = [n for n, raw in enumerate(Path(path).read_bytes().split(b"\n"), start=1) if raw.strip()]
-    for n, row in zip(lines, rows, strict=True):
+    (`foreign_row`); a SchemaError (troll.schema) naming the file, the line, the run and the field when a field it
+    declares is not as declared (a string, null or 1.7 for an accuracy). `rows` are read_jsonl's: one per non-blank
+    line of the file, in order."""
+    for n, row in zip(jsonl_lines(Path(path)), rows, strict=True):
+        run = f"the row of run {row.get('name', '?')!r}"
+        required = ", ".join(f for f, spec in fields.items() if spec.required)
         if problem := foreign_row(row, fields):
             raise ForeignRow(
-                f"{path} line {n}: the row of run {row.get('name', '?')!r} {problem}: not a row of {study}; "
-                f"--results must name a file of {study}'s rows (each with {', '.join(fields)})"
+                f"{path} line {n}: {run} {problem}: not a row of {study}; "
+                f"--results must name a file of {study}'s rows (each with {required})"
             )
+        refuse_damaged(path, n, row, fields)
+
+
+def refuse_damaged(path: Path, n: int, row: dict, fields: Fields) -> None:
+    """A SchemaError naming the file, line `n`, the run and the field when a field of `row` that `fields` declares
+    is missing (where required) or not as declared; fields it does not declare may hold anything."""
+    if found := fields_problem({k: row[k] for k in fields if k in row}, fields, 1):
+        where, what = found
+        run = f"the row of run {row['name']!r}" if type(row.get("name")) is str else "a row"
+        raise SchemaError(f"{path} line {n}: {run}: {where} {what}: fix or remove that row (its run is run again)")
 
 
 def read_rows(
@@ -196,6 +226,9 @@ def read_rows(
     if not path.is_file():
         return {}
     rows = reader(path)
+    if fields is not None:  # a row without a run name named by its line, before the rows are read by name
+        for n, row in zip(jsonl_lines(path), rows, strict=True):
+            refuse_damaged(path, n, row, {"name": NAME})
     by_name = rows_by_name(path, rows)  # first: a run listed twice is named as such, whatever its rows hold
     if fields is not None:
         check_rows(path, rows, fields, study)
@@ -206,6 +239,8 @@ def read_results(path: Path, fields: Fields | None = None, study: str = "") -> d
     """`read_rows`, its ValueError a UsageError that says what to do."""
     try:
         return read_rows(path, fields=fields, study=study)
+    except SchemaError:
+        raise
     except ForeignRow as e:
         raise UsageError(str(e)) from None
     except ValueError as e:

@@ -253,7 +253,8 @@ def test_study_refuses_a_run_made_with_other_settings(tmp_path):
     line = refused(command(*argv[:-1], "--eval_size", "16", "--dry-run"), f"run {name}", "eval_size was 400, now 16")
     assert str(out / name / "config.json") in line
     (out / name / "config.json").unlink()  # a results row (committed file: no config) with other steps
-    row = dict.fromkeys(figures.FIELDS, 0) | {"name": name, "eval_problems": 400}
+    committed = json.loads((ROOT / "study" / "results.jsonl").read_text().splitlines()[0])  # a row as declared
+    row = {k: committed[k] for k in figures.FIELDS} | {"name": name, "eval_problems": 400}
     results.write_text(json.dumps(row | {"steps": 40}) + "\n")
     refused(command(*argv), f"run {name}", "steps was 40, now 2")
     results.write_text(json.dumps(row | {"steps": 2}) + "\n")

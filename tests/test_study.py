@@ -158,7 +158,7 @@ def test_a_list_flag_value_given_twice_or_making_no_run_is_refused():
 
 
 def test_a_foreign_row_is_named_with_its_line():
-    fields = {"name": None, "loss": ("troll", "ppo_clip"), "seed": None}
+    fields = {"name": runner.NAME, "loss": runner.one_of(("troll", "ppo_clip")), "seed": runner.SEED}
     assert runner.foreign_row({"name": "a", "loss": "troll", "seed": 0}, fields) == ""
     assert runner.foreign_row({"name": "a", "seed": 0}, fields) == "lacks loss"
     assert runner.foreign_row({"name": "a", "loss": "bandit", "seed": 0}, fields) == (
@@ -170,9 +170,9 @@ def test_check_rows_counts_lines_past_blank_ones(tmp_path):
     path = tmp_path / "r.jsonl"
     path.write_text('{"name": "a", "loss": "troll"}\n\n{"name": "b"}\n')
     with pytest.raises(runner.ForeignRow, match=rf"{path} line 3: the row of run 'b' lacks loss: not a row of S"):
-        runner.check_rows(path, read_jsonl(path), {"name": None, "loss": None}, "S")
+        runner.check_rows(path, read_jsonl(path), {"name": runner.NAME, "loss": runner.NAME}, "S")
     with pytest.raises(UsageError, match="line 3"):
-        runner.read_results(path, {"name": None, "loss": None}, "S")
+        runner.read_results(path, {"name": runner.NAME, "loss": runner.NAME}, "S")
     assert list(runner.read_results(path)) == ["a", "b"]  # without fields: any row
 
 

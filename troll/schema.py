@@ -52,8 +52,9 @@ class SchemaError(UsageError, ValueError):
 @dataclass(frozen=True)
 class Spec:
     """What one field holds: its kind (KINDS), whether null is allowed, its range or choices, whether it is a list
-    with one such value per token (tokens.jsonl), whether a row must hold it, the version of the file that first has
-    it, and what it is in words where the kind's own words (WORDS) say too little ("a list of samples")."""
+    with one such value per token (tokens.jsonl; or per what `per` says: a study's rows), whether a row must hold
+    it, the version of the file that first has it, and what it is in words where the kind's own words (WORDS) say
+    too little ("a list of samples")."""
 
     kind: str
     null: bool = False
@@ -61,6 +62,7 @@ class Spec:
     high: float = math.inf
     choices: tuple[str, ...] = ()
     per_token: bool = False  # a list with one value per token: its reader checks the lengths
+    per: str = "token"  # what a per_token list has one value for, in words (a study's rows: "step", "context")
     since: int = 1
     required: bool = True
     words: str = ""
@@ -97,7 +99,7 @@ def fields_problem(obj: dict, table: Table, version: int, prefix: str = "", file
                 return where, "is missing"
             continue
         if spec.per_token and type(value) is not list:
-            return where, f"is {shown(value)}, expected a list with one value per token, each {spec.wants()}"
+            return where, f"is {shown(value)}, expected a list with one value per {spec.per}, each {spec.wants()}"
         values = enumerate(value) if spec.per_token else [(None, value)]
         for t, v in values:
             if not spec.accepts(v):
