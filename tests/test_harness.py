@@ -69,6 +69,17 @@ def test_truncation_is_atomic(tmp_path, monkeypatch):
     assert path.read_bytes() == before
 
 
+@pytest.mark.parametrize("step", ['"3"', "null", "true", "-1", "2.5", "[1]"])
+def test_truncation_drops_a_row_without_an_integer_step_with_a_warning(tmp_path, step):
+    """A log row whose step is not an integer >= 0 is damaged: resume drops it, naming the file, and keeps the
+    rows of steps up to the checkpoint (the comparison it replaced raised a TypeError on a string)."""
+    path = tmp_path / "samples.jsonl"
+    path.write_text(f'{{"step": 1, "x": 1}}\n{{"step": {step}}}\n{{"other": 2}}\n{{"step": 2}}\n{{"step": 3}}\n')
+    with pytest.warns(UserWarning, match=f"{path}: skipped a damaged row without a step") as caught:
+        truncate_jsonl(path, 2)
+    assert len(caught) == 2 and read_jsonl(path) == [{"step": 1, "x": 1}, {"step": 2}]
+
+
 @pytest.mark.slow
 def test_killed_during_the_first_checkpoint_restarts_or_resumes(tmp_path, monkeypatch, capsys):
     """Killed while the step-0 checkpoint is written (a temporary folder, no `latest`): the same command starts

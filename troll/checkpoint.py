@@ -264,6 +264,14 @@ def rewrite_jsonl(path: Path, rows: Sequence[dict]) -> None:
 
 def truncate_jsonl(path: Path, step: int) -> None:
     """Keep only the rows of steps <= step (resume: later rows are written again), dropping damaged lines with a
-    warning (a log: the run goes on without them); atomic. A missing file is started empty."""
+    warning (a log: the run goes on without them), a row whose "step" is not an integer >= 0 among them (every row
+    the run writes has one); atomic. A missing file is started empty."""
     rows = read_jsonl(path, torn_tail=True, skip_damaged=True) if path.exists() else []
-    rewrite_jsonl(path, [r for r in rows if r.get("step", 0) <= step])
+    kept = []
+    for row in rows:
+        at = row.get("step")
+        if not isinstance(at, int) or isinstance(at, bool) or at < 0:
+            warnings.warn(f"{path}: skipped a damaged row without a step: {json.dumps(row)[:80]}", stacklevel=2)
+        elif at <= step:
+            kept.append(row)
+    rewrite_jsonl(path, kept)
