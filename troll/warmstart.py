@@ -124,9 +124,10 @@ def warm_start(
 def warm_start_task(cfg: Any, model: Any, tokenizer: Any, task: Task) -> dict:
     """`warm_start` on a task's training problems with a run's settings (a troll.config.Config); prints and returns
     its record."""
-    kw = dict(steps=cfg.sft_steps, lr=cfg.sft_lr, batch=cfg.sft_batch, seed=cfg.seed, target=cfg.sft_target)
-    kw |= dict(probe=cfg.sft_probe)
-    warm = warm_start(model, tokenizer, task.train, task.prompt, **kw)
+    warm = warm_start(
+        model, tokenizer, task.train, task.prompt, steps=cfg.sft_steps, lr=cfg.sft_lr, batch=cfg.sft_batch,
+        seed=cfg.seed, target=cfg.sft_target, probe=cfg.sft_probe,
+    )  # fmt: skip
     line = f"supervised warm-start: {warm['sft_steps_run']} steps, final loss {warm['sft_loss']:.3f}, greedy solves "
     line += f"{warm['sft_probe_acc']:.3f} of the training probe"
     if cfg.sft_target:
