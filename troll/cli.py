@@ -24,6 +24,8 @@
   it does not after a plain exit 130 (bash takes that as a Ctrl-C the command handled). Always so, not only when
   CPython decides it: a KeyboardInterrupt that passes through Python source an extension runs (PyRun_String, as
   pybind11's `py::exec` does) makes CPython end a `python -m` run by SIGINT even after a SystemExit(130).
+  A Ctrl-C that lands in a finalizer (`__del__`), where Python prints and drops the KeyboardInterrupt, is
+  remembered and ends the command the same way when its work returns (`remembered_interrupts`).
 - Every command's flags are parsed by `Parser` (argparse.ArgumentParser, subparsers included): a flag is never
   abbreviated (`--step 5` is refused, not taken as `--steps 5`), and a refused flag is the same one line, with
   `(<prog> --help lists the flags)` added, not argparse's usage block, and `; did you mean --steps?` after it when an
@@ -42,9 +44,11 @@ import errno
 import json
 import os
 import pickle
+import signal
 import sys
+import threading
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -67,7 +71,10 @@ def run_command(prog: str, main: Callable[[], Any], resume: str | None = None) -
     with its traceback and a line saying so (module docstring). An int that `main` returns is the exit status
     (troll.check's 1 for a failed check); anything else exits 0."""
     try:
-        status = main()
+        with remembered_interrupts() as interrupts:
+            status = main()
+        if interrupts:  # a Ctrl-C that a finalizer swallowed: the command still ends as interrupted
+            raise KeyboardInterrupt
     except UsageError as e:
         fail(prog, str(e))
     except KeyboardInterrupt:
@@ -90,6 +97,38 @@ def run_command(prog: str, main: Callable[[], Any], resume: str | None = None) -
         )
         raise SystemExit(1) from None
     raise SystemExit(status if isinstance(status, int) else 0)
+
+
+@contextlib.contextmanager
+def remembered_interrupts() -> Iterator[list[int]]:
+    """SIGINT raises KeyboardInterrupt, as Python's own handler does, and is also remembered in the list yielded. A
+    KeyboardInterrupt raised inside a finalizer (`__del__`, a weakref callback, which a library's garbage may run at
+    any moment) is only printed as "Exception ignored in ..." and the command goes on as if no Ctrl-C came; with the
+    list, `run_command` still ends it as interrupted, and that print is left out (the one line says it). A SIGINT
+    the command inherited as ignored (`nohup`, a shell's background job) stays ignored; both hooks are restored."""
+    seen: list[int] = []
+    if threading.current_thread() is not threading.main_thread():  # signal handlers belong to the main thread
+        yield seen
+        return
+
+    def remember(signum: int, frame: Any) -> None:
+        seen.append(signum)
+        raise KeyboardInterrupt
+
+    def unraisable(info: Any) -> None:
+        if not (seen and isinstance(info.exc_value, KeyboardInterrupt)):
+            hook(info)
+
+    hook, ours = sys.unraisablehook, signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    if ours:
+        signal.signal(signal.SIGINT, remember)
+    sys.unraisablehook = unraisable
+    try:
+        yield seen
+    finally:
+        if ours:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        sys.unraisablehook = hook
 
 
 def quiet_interrupt(kind: type[BaseException], value: BaseException, tb: Any) -> None:
