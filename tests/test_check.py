@@ -152,7 +152,9 @@ def test_check_end_to_end_transformers(tmp_path, gsm8k_dir):
     assert status["run"] == status["finite loss"] == status["chunked head"] == status["resume"] == "passed"
     assert status["weight sync"].startswith("not applicable") and status["sleep/wake"].startswith("not applicable")
     assert status["memory"].startswith("not applicable")  # no measured coefficients for the tiny shape
-    assert report["update_time"]["ratio"] > 0 and report["verdict"] == "passed"
+    times = report["update_time"]
+    assert times["ratio"] > 0 and times["ratio_textbook"] > 0 and report["verdict"] == "passed"
+    assert times["textbook_clip_s"] > 0 and times["textbook_clip_peak_bytes"] is None  # peaks: CUDA only
     assert report["environment"]["torch"] == torch.__version__ and "vllm" in report["environment"]
     assert report["config"]["logits_chunk"] == 1024 and report["config"]["task"] == "gsm8k"
     assert report["model"].startswith("stand-in") and "| memory |" in res.stdout

@@ -327,6 +327,25 @@ def ragged_batch(seed=0, b=3, t=4, v=7, old_logits=False):
     return logits, tokens, mask, torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)[:b], old
 
 
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_the_textbook_clip_is_ppo_clip_in_value_and_gradient(agg):
+    """troll.watch.textbook_clip, the reference the update comparison times (whole logits, one log-softmax), is
+    this repository's ppo_clip per token: the same loss, clip share and gradient, in float64 on a ragged batch."""
+    from troll.watch import textbook_clip
+
+    logits, tokens, mask, adv, old = ragged_batch()
+    ours, m = ppo_clip(logits, tokens, mask, adv, old, k=4, delta=1e-3, agg=agg, norm_len=5)
+    (g_ours,) = torch.autograd.grad(ours, logits)
+    ref, r = textbook_clip(logits, tokens, mask, adv, old, eps_low=0.2, eps_high=0.2, agg=agg, norm_len=5, k=4)
+    (g_ref,) = torch.autograd.grad(ref, logits)
+    assert 0 < m["frac_active"] < 1 and r["frac_active"] == pytest.approx(m["frac_active"])
+    torch.testing.assert_close(ref, ours, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(g_ref, g_ours, rtol=1e-10, atol=1e-12)
+    for refused in ({"level": "sequence"}, {"behaviour_logp": torch.zeros(mask.shape)}):
+        with pytest.raises(ValueError, match="per token"):
+            textbook_clip(logits, tokens, mask, adv, old, **refused)
+
+
 @pytest.mark.parametrize("level,agg", [("token", "token-mean"), ("sequence", "seq-mean-token-mean")])
 def test_troll_policy_term_gradcheck_end_to_end(level, agg):
     """The policy term has no stop-gradient: its autograd gradient (through sparsify, the union, the projection

@@ -35,7 +35,8 @@ Checks, each "passed", "FAILED" or "not applicable (why)":
                   tokens; + 12 B/param in step 1, whose update allocates gradients and AdamW states): the engine,
                   the Python runtime and the weights are resident throughout and cancel.
     resume        the resumed process continued from the checkpoint and wrote step steps + 1
-Measured, not checked (times are this machine's): seconds per phase, and TROLL / PPO-clip update time.
+Measured, not checked (times are this machine's): seconds per phase, and TROLL's update time over PPO-clip's, this
+repository's and the textbook one's (whole logits, one log-softmax: troll.watch.textbook_clip), peak memory on CUDA.
 
 The run is watched with troll/watch.py (a Generator and a loss wrapped around the run's own, and what needs its
 live objects after it); this module draws the checks from what that recorded, one function a check.
@@ -85,7 +86,7 @@ def parser() -> argparse.ArgumentParser:
         low = 2 if name == "samples" else 1  # a group of one has advantage 0 (troll.config)
         p.add_argument(f"--{name}", type=int_at_least(low), help=f"{what} (default: the preset's on a GPU, "
                        f"{CPU_BATCH[name]} on CPU)")  # fmt: skip
-    p.add_argument("--repeats", type=int_at_least(1), default=1, help="TROLL / clip update pairs timed (default 1)")
+    p.add_argument("--repeats", type=int_at_least(1), default=1, help="timed rounds of the three updates")
     p.add_argument("--seed", type=int_at_least(0), default=0)
     p.add_argument("--measure", help=argparse.SUPPRESS)  # main's child process: the run directory
     p.add_argument("--out", help="report and run directory, new or empty (default runs/check-<UTC time>)")
@@ -412,10 +413,20 @@ def check_resume(cfg: Config, rows: list[dict], resumed: tuple[bool, str, float]
 
 
 def check_update_time(u: dict | None) -> dict[str, str]:
-    """TROLL's update time over PPO-clip's on the same batch (measured, not checked)."""
-    return line("TROLL / clip update time", MEASURED, f"{u['ratio']:.3f} ({u['troll_s']:.1f} s / "
-                f"{u['ppo_clip_s']:.1f} s, {u['updates_each']} updates each, {u['samples']} samples)"
-                if u else "not run")  # fmt: skip
+    """TROLL's update time over PPO-clip's (this repository's, and the textbook clip's: troll.watch.compare_updates)
+    on the same batch, with each one's peak memory on CUDA (measured, not checked)."""
+    if not u:
+        return line("TROLL / clip update time", MEASURED, "not run")
+    names = {"troll": "TROLL", "ppo_clip": "clip", "textbook_clip": "textbook clip"}
+    peak = {
+        name: f" {u[f'{name}_peak_bytes'] / 2**30:.2f} GiB" if u.get(f"{name}_peak_bytes") else "" for name in names
+    }
+    each = ", ".join(
+        f"{label} {u[f'{name}_s']:.2f} s{peak[name]}" for name, label in names.items() if u.get(f"{name}_s")
+    )
+    textbook = f", {u['ratio_textbook']:.3f} against the textbook clip" if u.get("ratio_textbook") else ""
+    return line("TROLL / clip update time", MEASURED, f"{u['ratio']:.3f}{textbook} ({each}; {u['updates_each']} "
+                f"updates each, {u['samples']} samples)")  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- the report

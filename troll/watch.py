@@ -8,7 +8,8 @@
   free memory around the engine's sleep and wake.
 - `LossWatch` wraps the run's loss: whether each call got the chunked output layer, its dtype, a finite value.
 - After the run, on its live objects: `perturbed_push` (a push of visibly changed weights, which the engine must
-  take) and `compare_updates` (TROLL's and PPO-clip's update timed on the last batch).
+  take) and `compare_updates` (TROLL's update, this repository's PPO-clip's and the textbook clip's (`textbook_clip`,
+  whole logits and one log-softmax, as TRL computes it) timed on the last batch, with their peak memory on CUDA).
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ import torch
 from troll import memory
 from troll.config import Config
 from troll.diagnostics import proc_status_bytes, reset_peak_rss
-from troll.head import LMHead
-from troll.losses import LOSSES
+from troll.head import LMHead, compute_dtype
+from troll.losses import LOSSES, aggregate
 from troll.rollout import Batch, Generator, Rollouts
+from troll.sparse import SparseDist
 
 # ----------------------------------------------------------------------------- the run's generator and loss
 
@@ -146,11 +148,51 @@ class LossWatch:
 # ----------------------------------------------------------------------------- after the run, on its live objects
 
 
+def textbook_clip(
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    mask: torch.Tensor,
+    adv: torch.Tensor,
+    old: SparseDist,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    agg: str = "token-mean",
+    norm_len: int | None = None,
+    **unused: Any,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO-clip as TRL's default path computes it, the reference a GPU user already has: the whole logits [B, T, V]
+    (no chunked output layer), one log-softmax over the vocabulary (bf16 / fp16 in float32) kept for backward, the
+    sampled token's log-prob gathered, r = p(y) / q(y) with q(y) the old policy's at the token, loss
+    agg(-min(r A, clip(r) A)). Per token, with no off-policy weight: troll.losses.ppo_clip's value and gradient."""
+    if (
+        isinstance(logits, LMHead)
+        or unused.get("level", "token") != "token"
+        or unused.get("behaviour_logp") is not None
+    ):
+        raise ValueError("textbook_clip takes whole logits [B, T, V], per token, with no off-policy weight")
+    lp_y = torch.log_softmax(logits.to(compute_dtype(logits.dtype)), dim=-1).gather(-1, tokens[..., None])[..., 0]
+    ratio = (lp_y - old.logp_at(tokens.reshape(-1)).view(mask.shape)).exp()
+    a = adv[:, None].to(ratio.dtype)
+    unclipped, clipped = ratio * a, ratio.clamp(1 - eps_low, 1 + eps_high) * a
+    policy = aggregate(-torch.minimum(unclipped, clipped), mask, agg, norm_len)
+    return policy, {
+        "policy": float(policy.detach()),
+        "frac_active": float(aggregate((clipped < unclipped).float(), mask)),
+    }
+
+
+UPDATES = ("troll", "ppo_clip", "textbook_clip")  # what compare_updates times, in its order
+
+
 def compare_updates(cfg: Config, rec: Recorder, repeats: int) -> dict[str, Any]:
-    """TROLL's and PPO-clip's `update` on the run's last rollouts and trained model, interleaved troll, clip, clip,
-    troll per repeat after one untimed warm-up update, with plain SGD at learning rate 0 (the weights stay as they
-    are; both pay the same step).
-    Advantages alternate +1 / -1 (a random model's rewards are mostly 0, which would make every advantage 0)."""
+    """TROLL's `update`, this repository's PPO-clip's (the same chunked output layer and gather), and the textbook
+    clip's (`textbook_clip`: whole logits, `logits_chunk` 0) on the run's last rollouts and trained model,
+    interleaved forward then reversed per repeat after one untimed warm-up update of each, with plain SGD at
+    learning rate 0 (the weights stay as they are; all pay the same step). Mean seconds per update and, on CUDA, the
+    highest peak of memory allocated during an update above what was allocated before it (None on CPU).
+    Advantages alternate +1 / -1 (a random model's rewards are mostly 0, which would make every advantage 0). The
+    textbook clip is timed only per token with on-policy data (its `level`, `is_correction`); else None."""
     from troll.train import old_policy, update
 
     model, ro = rec.model, rec.last
@@ -161,19 +203,35 @@ def compare_updates(cfg: Config, rec: Recorder, repeats: int) -> dict[str, Any]:
     minibatches = list(torch.randperm(len(ro), generator=gen).chunk(cfg.minibatches))
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0)
-    times: dict[str, list[float]] = {"troll": [], "ppo_clip": []}
-    update(cfg, model, opt, sched, batch, old, minibatches, LOSSES[cfg.loss])  # warm-up, not timed
-    for _ in range(repeats):
-        for loss in ("troll", "ppo_clip", "ppo_clip", "troll"):
-            c = dataclasses.replace(cfg, loss=loss)
-            t0 = time.perf_counter()
-            update(c, model, opt, sched, batch, old, minibatches, LOSSES[loss])
-            if c.device == "cuda":
+    runs = {
+        "troll": (dataclasses.replace(cfg, loss="troll"), LOSSES["troll"]),
+        "ppo_clip": (dataclasses.replace(cfg, loss="ppo_clip"), LOSSES["ppo_clip"]),
+    }
+    if cfg.level == "token" and cfg.is_correction == "none":
+        runs["textbook_clip"] = (dataclasses.replace(cfg, loss="ppo_clip", logits_chunk=0), textbook_clip)
+    cuda = cfg.device == "cuda"
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    peaks: dict[str, int] = {name: 0 for name in runs}
+    for r in range(repeats + 1):  # the first round: a warm-up of each, not timed
+        for name in list(runs)[:: -1 if r % 2 else 1]:
+            c, loss_fn = runs[name]
+            if cuda:
                 torch.cuda.synchronize()
-            times[loss].append(time.perf_counter() - t0)
-    mean = {k: sum(v) / len(v) for k, v in times.items()}
-    return {"troll_s": mean["troll"], "ppo_clip_s": mean["ppo_clip"], "ratio": mean["troll"] / mean["ppo_clip"],
-            "updates_each": len(times["troll"]), "samples": len(ro), "each_s": times}  # fmt: skip
+                torch.cuda.reset_peak_memory_stats()
+                before = torch.cuda.memory_allocated()
+            t0 = time.perf_counter()
+            update(c, model, opt, sched, batch, old, minibatches, loss_fn)
+            if cuda:
+                torch.cuda.synchronize()
+                peaks[name] = max(peaks[name], torch.cuda.max_memory_allocated() - before)
+            if r:
+                times[name].append(time.perf_counter() - t0)
+    mean = {name: sum(v) / len(v) for name, v in times.items()}
+    out = {f"{name}_s": mean.get(name) for name in UPDATES}
+    out |= {f"{name}_peak_bytes": peaks.get(name) if cuda else None for name in UPDATES}
+    textbook = mean.get("textbook_clip")
+    return out | {"ratio": mean["troll"] / mean["ppo_clip"], "ratio_textbook": textbook and mean["troll"] / textbook,
+                  "updates_each": repeats, "samples": len(ro), "each_s": times}  # fmt: skip
 
 
 def perturbed_push(rec: Recorder) -> tuple[float, float]:
