@@ -4,6 +4,7 @@
     .venv/bin/python bench/projection.py --paper              # also the paper's sparse model (4th variant)
     .venv/bin/python bench/projection.py --device cuda --dtype bfloat16 --n 16384
     .venv/bin/python bench/projection.py --logits smollm2     # a real model's logits: N = 2048, V = 49,152
+    .venv/bin/python bench/projection.py --head 72 --profile  # supports at the cap K = 64; then where the time goes
 
 What one call of each variant does (logits [N, V] with requires_grad, old logits [N, V] a constant, sampled
 tokens y [N], advantages A [N]); every pass over the full vocabulary is included:
@@ -28,7 +29,14 @@ head holds all but ~1e-6 of the mass and the old policy's sparse support keeps e
 old logits add N(0, 0.1^2) everywhere and a per-row perturbation of the head logits, sized so that about a
 third of the tokens have KL(p || q) > eps. The sampled token is drawn from the old policy's head. Both policies
 keep the same head, so the two sparse models see the same tokens here (same projection up to rounding): troll vs
-troll-paper compares their cost only (notebooks/02_sparse_supports.ipynb compares their accuracy).
+troll-paper compares their cost only (notebooks/02_sparse_supports.ipynb compares their accuracy). `--head H`
+puts H head tokens in every row instead: with H = 72 the cap K = 64 binds on every row and the rest atom holds
+about 0.3% of the mass (a real model's text: the cap binds on 96% of rows, rest median 0.5%), so the supports are
+of a real model's size.
+
+Profile (`--profile`): after the timed rounds, torch.profiler over one troll call and one naive call (old pass,
+loss, backward), printed as a table of the ops with the most time (on the GPU with CUDA, else on the host), with
+their calls and input shapes: which passes over [N, V] the time goes to.
 
 Real logits (`--logits smollm2`, or `--logits <model folder>`): the same variants, timing and figures on a real
 model's distributions, made by `bench.real_logits.real_pair` (its docstring has the details). q is
@@ -110,11 +118,14 @@ GB = 1e9
 SYNTHETIC, N_SYNTHETIC, N_REAL, V_QWEN = "synthetic", 4096, 2048, 151_936
 
 
-def make_batch(n: int, v: int, dtype: torch.dtype, device: str, seed: int = 0, head_peak: float = 25.0):
-    """Peaked logits, perturbed old logits, sampled tokens and advantages (module docstring)."""
+def make_batch(
+    n: int, v: int, dtype: torch.dtype, device: str, seed: int = 0, head_peak: float = 25.0, head: int | None = None
+):
+    """Peaked logits, perturbed old logits, sampled tokens and advantages (module docstring); `head` tokens in every
+    row's head (None: 5-10)."""
     g = torch.Generator().manual_seed(seed)
-    h = 10  # head slots; each row uses 5-10 of them, at distinct ids (increasing offsets that sum to < v)
-    used = torch.arange(h) < torch.randint(5, h + 1, (n, 1), generator=g)
+    h = head or 10  # head slots; each row uses 5-10 of them (or all), at distinct ids (increasing offsets, sum < v)
+    used = torch.arange(h) < (torch.full((n, 1), h) if head else torch.randint(5, h + 1, (n, 1), generator=g))
     idx = (torch.randint(v, (n, 1), generator=g) + torch.randint(1, v // h, (n, h), generator=g).cumsum(1)) % v
     head = head_peak + 1.5 * torch.randn(n, h, generator=g)
     shift = 0.45 * torch.randn(n, 1, generator=g).abs() * torch.randn(n, h, generator=g)
@@ -233,15 +244,21 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--seed", type=int_at_least(0), default=0)
     ap.add_argument("--paper", action="store_true", help="also run troll with the paper's sparse model")
+    ap.add_argument("--head", type=int_at_least(1), help="synthetic: tokens in every row's head (default 5-10; 72: "
+                    f"the cap K = {K} binds on every row, as on a real model's text)")  # fmt: skip
+    ap.add_argument("--profile", action="store_true", help="then torch.profiler of one troll and one naive call")
     add_real_flags(ap)  # --data, --update, --lr, --update_steps: real logits only
     a = ap.parse_args(argv)
     synthetic = a.logits == SYNTHETIC
-    for flag in ("--v", "--data", "--update", "--lr", "--update_steps"):  # each applies to one kind of logits
-        if getattr(a, flag[2:]) is not None and synthetic is (flag != "--v"):
-            applies = "synthetic logits (the real ones have the model's)" if flag == "--v" else "real logits"
-            ap.error(f"{flag} applies to {applies}: drop it, or {'drop' if flag == '--v' else 'add'} --logits smollm2")
+    for flag in ("--v", "--head", "--data", "--update", "--lr", "--update_steps"):  # each for one kind of logits
+        if getattr(a, flag[2:]) is not None and synthetic is (flag not in ("--v", "--head")):
+            mine = flag in ("--v", "--head")
+            applies = "synthetic logits (the real ones have the model's)" if mine else "real logits"
+            ap.error(f"{flag} applies to {applies}: drop it, or {'drop' if mine else 'add'} --logits smollm2")
     a.n = a.n or (N_SYNTHETIC if synthetic else N_REAL)
     a.v = a.v or V_QWEN
+    if a.head is not None and a.head > a.v // 2:
+        ap.error(f"--head {a.head} needs a vocabulary of at least {2 * a.head} (--v {a.v}): give a smaller --head")
     try:
         device = torch.device(a.device)
     except RuntimeError:
@@ -255,8 +272,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     t0 = time.perf_counter()
     if synthetic:
-        args = make_batch(a.n, a.v, getattr(torch, a.dtype), a.device, a.seed)
-        v, vocab, source, note = a.v, "", SYNTHETIC, "synthetic peaked logits (module docstring)"
+        args = make_batch(a.n, a.v, getattr(torch, a.dtype), a.device, a.seed, head=a.head)
+        heads = f"{a.head} head tokens a row" if a.head else "5-10 head tokens a row"
+        v, vocab, source, note = a.v, "", SYNTHETIC, f"synthetic peaked logits, {heads} (module docstring)"
     else:
         args, v, source, note = real_batch(a, getattr(torch, a.dtype))
         vocab = f" (the model's vocabulary, not Qwen's {V_QWEN:,})" if v != V_QWEN else " (the model's vocabulary)"
@@ -337,7 +355,31 @@ def main(argv: list[str] | None = None) -> dict:
         f"{tn['absolute']:.2f}x; {st['frac_active']:.0%} projected, iters mean {st['dual_iters_mean']:.1f} "
         f"max {st['dual_iters_max']:.0f}" + ("" if synthetic else f"; logits {source}, V = {v:,}")
     )
+    if a.profile:
+        for name in ("troll", "naive"):
+            print(f"\nprofile of one {name} call (forward and backward), the ops with the most time:")
+            print(profile(variants[name], args, device))
     return {"stats": stats, "medians": med, "ratios": x}
+
+
+def profile(fn, args, device: torch.device, rows: int = 20) -> str:
+    """torch.profiler's table of one call of `fn` (old pass, loss, backward): the `rows` ops with the most time on
+    the device (CUDA) or the host, with their calls and shapes, so the work goes where the time is."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+    args[0].grad = None
+    with torch_profile(activities=activities, record_shapes=True) as prof:
+        fn(*args, [])
+        if cuda:
+            torch.cuda.synchronize()
+    args[0].grad = None
+    table = prof.key_averages(group_by_input_shape=True)
+    return table.table(
+        sort_by="cuda_time_total" if cuda else "self_cpu_time_total", row_limit=rows, max_name_column_width=40
+    )
 
 
 if __name__ == "__main__":  # Ctrl-C: one line, exit 130

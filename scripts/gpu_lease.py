@@ -9,11 +9,14 @@ else, so it runs on a machine with no network and no package index.)
 
 Parts, each written into OUT as it runs, so a lease stopped at its limit still returns what finished:
   env.txt         GPU, driver (nvidia-smi), torch, CUDA, every package troll imports against its pin
-  tests.txt       python -m pytest -m gpu tests/test_gpu.py (--cpu: TROLL_TEST_DEVICE=cpu runs them on CPU)
-  projection.txt  bench/projection.py: TROLL against PPO-clip (same gather) at V = 151,936, bf16, N = 8,192 and
-                  16,384 tokens; time and peak memory as ratios, against the paper's ~10% time / ~5% memory
   checks.txt      python -m troll.check at the gsm8k-qwen2.5-0.5b, gsm8k-qwen3-1.7b-lora and gsm8k-qwen3-4b-lora
-                  shapes: random-weight stand-ins, transformers backend, bf16, a small batch (--cpu: --shape tiny)
+                  shapes: random-weight stand-ins, transformers backend, bf16, a small batch (--cpu: --shape tiny);
+                  its update comparison is the whole-update table: TROLL, this repository's PPO-clip and the
+                  textbook clip (whole logits, one log-softmax), time and peak memory
+  projection.txt  bench/projection.py: TROLL against PPO-clip (same gather) and the textbook clip at V = 151,936,
+                  bf16, N = 16,384 tokens, supports at the cap (--head 72); time and peak memory as ratios, then
+                  torch.profiler of one call of each (--profile)
+  tests.txt       python -m pytest -m gpu tests/test_gpu.py (--cpu: TROLL_TEST_DEVICE=cpu runs them on CPU)
   rare.txt        with the time left: the rare-token sequence task (tiny-rare) at a 32,768-token vocabulary,
                   TROLL and PPO-clip on paired seeds, each run's held-out accuracy
   lease.log       each part's exit status and seconds, and the budget left (also printed as it goes)
@@ -23,7 +26,7 @@ Settings, each checked before anything is written (a bad one is one line, exit 2
   LEASE_BUDGET_S  whole seconds, at least 20 (default 480): bounds the parts, from when the first starts (after
                   the wheels are installed); each part gets at most its own cap and what is left, and a part with
                   under 20 s left is skipped with a line in lease.log.
-  LEASE_PARTS     (default: all) parts by file (env tests projection checks rare) or by the name lease.log gives
+  LEASE_PARTS     (default: all) parts by file (env checks projection tests rare) or by the name lease.log gives
                   them (check-gsm8k-qwen3-4b-lora, say), so a second lease runs what the first missed; a name that
                   is no part of this lease (GPU or --cpu) is refused.
   OUT             a new or empty folder you can write to.
@@ -57,7 +60,7 @@ PROG = "bash scripts/gpu_lease.sh"
 BUDGET_S = 480  # LEASE_BUDGET_S's default
 MIN_LEFT_S = 20  # a part with less of the budget left is skipped
 KILL_AFTER_S = 15  # a part stopped with SIGINT (its cap, Ctrl-C) is killed if it has not ended by then
-FILES = ("env", "tests", "projection", "checks", "rare")  # the parts' files (.txt), in the order they run
+FILES = ("env", "checks", "projection", "tests", "rare")  # the parts' files (.txt), in the order they run
 
 
 @dataclass
@@ -78,15 +81,9 @@ def plan(cpu: bool, py: str, work: Path) -> list[Part]:
         return shlex.quote(str(work / name))
 
     pytest = "-m pytest -m gpu tests/test_gpu.py -q -rA -p no:cacheprovider"
-    parts = [part("env", "env.txt", 60, "scripts/gpu_env.py"), part("tests", "tests.txt", 180, pytest)]
-    # the loss at Qwen's vocabulary: TROLL against PPO-clip, time and peak memory
-    if cpu:
-        parts.append(part("projection", "projection.txt", 120, "bench/projection.py --n 256 --v 8192 --repeats 1"))
-    else:
-        for n in (8192, 16384):
-            bench = f"bench/projection.py --device cuda --dtype bfloat16 --n {n} --repeats 5"
-            parts.append(part(f"projection-n{n}", "projection.txt", 90, bench))
-    # the acceptance check at the GSM8K presets' shapes (stand-ins: no hub here), transformers backend
+    parts = [part("env", "env.txt", 60, "scripts/gpu_env.py")]
+    # first, the whole update at the GSM8K presets' shapes (stand-ins: no hub here), transformers backend: the
+    # acceptance check, whose update comparison times TROLL, this repository's clip and the textbook clip
     if cpu:
         check = f"-m troll.check --shape tiny --backend hf --device cpu --steps 1 --out {out('check-tiny')}"
         parts.append(part("check-tiny", "checks.txt", 120, check))
@@ -94,9 +91,18 @@ def plan(cpu: bool, py: str, work: Path) -> list[Part]:
         for preset in ("gsm8k-qwen2.5-0.5b", "gsm8k-qwen3-1.7b-lora", "gsm8k-qwen3-4b-lora"):
             check = (
                 f"-m troll.check --preset {preset} --model standin --backend hf --prompts 4 --samples 4 "
-                f"--max_new_tokens 64 --eval_size 4 --steps 2 --out {out(f'check-{preset}')}"
+                f"--max_new_tokens 64 --eval_size 4 --steps 2 --repeats 2 --out {out(f'check-{preset}')}"
             )
             parts.append(part(f"check-{preset}", "checks.txt", 180, check))
+    # the loss at Qwen's vocabulary with supports at the cap (--head 72), TROLL against both clips, time and peak
+    # memory, then the profile of one call of each
+    if cpu:
+        bench = "bench/projection.py --n 256 --v 8192 --repeats 1 --head 72 --profile"
+        parts.append(part("projection", "projection.txt", 120, bench))
+    else:
+        bench = "bench/projection.py --device cuda --dtype bfloat16 --n 16384 --repeats 5 --head 72 --profile"
+        parts.append(part("projection-n16384-cap", "projection.txt", 120, bench))
+    parts.append(part("tests", "tests.txt", 180, pytest))
     # with the time left: the rare-token sequence task at a 32,768-token vocabulary, paired seeds
     device, vocab, steps = ("cpu", 1024, 2) if cpu else ("cuda", 32768, 40)
     for seed in (0,) if cpu else (0, 1, 2):

@@ -6,7 +6,7 @@
 #   bash scripts/gpu_lease.sh --cpu OUT        # here: the rehearsal, the same parts at CPU sizes (a few minutes)
 #
 # LEASE_BUDGET_S (whole seconds, >= 20; default 480) bounds the whole; LEASE_PARTS (default: all) picks parts by
-# file (env tests projection checks rare) or by the name lease.log gives them. Each setting and OUT (a new or empty
+# file (env checks projection tests rare) or by the name lease.log gives them. Each setting and OUT (a new or empty
 # folder you can write to) is checked before anything is written; Ctrl-C stops the running part and the rest,
 # keeps what finished and says so. The parts, their files and the exit statuses: scripts/gpu_lease.py, which this
 # runs with $PYTHON (default python3; the standard library and troll.cli only: no network, no package index needed).

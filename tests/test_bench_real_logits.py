@@ -291,12 +291,26 @@ def test_projection_refuses_flags_of_the_other_kind_of_logits(tiny, capsys):
         (["--lr", "0.1"], ["--lr applies to real logits"]),
         (["--update", "all"], ["--update applies to real logits"]),
         (["--logits", str(tiny), "--v", "1000"], ["--v applies to synthetic logits"]),
+        (["--logits", str(tiny), "--head", "72"], ["--head applies to synthetic logits"]),
+        (["--v", "100", "--head", "72"], ["--head 72 needs a vocabulary of at least 144"]),
         (["--logits", "nope"], ["--logits nope", "not a model folder"]),
         (["--logits", str(tiny), "--data", str(tiny)], ["--data", "test.jsonl"]),
     ]
     for argv, words in cases:
         line = refusal(projection.main, argv, capsys)
         assert all(w in line for w in words), (argv, line)
+
+
+def test_synthetic_heads_wider_than_the_cap_make_it_bind_on_every_row(capsys):
+    """`--head 72`: every row's old support is the cap K = 64 with a rest atom of real mass, as on a real model's
+    text; the profile lists the ops of both calls. The default heads (5-10 tokens) fit under the cap."""
+    argv = ["--n", "64", "--v", "2048", "--repeats", "1"]
+    capped = projection.main([*argv, "--head", "72", "--profile"])["stats"]["troll"]
+    text = capsys.readouterr().out
+    assert capped["old_size_mean"] == projection.K and capped["old_rest_median"] > 1e-4
+    assert "72 head tokens a row" in text and text.count("the ops with the most time") == 2
+    default = projection.main(argv)["stats"]["troll"]
+    assert 5 <= default["old_size_mean"] <= 10 and default["old_rest_median"] < 1e-4
 
 
 # ----------------------------------------------------------------------------- the real model

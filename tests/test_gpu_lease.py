@@ -27,8 +27,8 @@ from hypothesis import strategies as st  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "gpu_lease.sh"
-PARTS = ("env", "tests", "projection", "check-tiny", "rare-troll-seed0", "rare-ppo_clip-seed0")  # --cpu, in order
-FILES = ("env", "tests", "projection", "checks", "rare")
+PARTS = ("env", "check-tiny", "projection", "tests", "rare-troll-seed0", "rare-ppo_clip-seed0")  # --cpu, in order
+FILES = ("env", "checks", "projection", "tests", "rare")
 KNOWN = set(PARTS) | set(FILES)
 FAKE_PYTHON = """#!/usr/bin/env bash
 case "$*" in *scripts/gpu_lease.py*) exec PYTHON "$@" ;; esac
@@ -106,7 +106,8 @@ def test_every_part_runs_in_order_with_its_command(tmp_path, fake_python):
     assert res.returncode == 0 and res.stderr == "", res.stderr
     seen = calls(fake_python)
     assert [c.split()[0] for c in seen] == ["scripts/gpu_env.py", "-m", "bench/projection.py", "-m", "-m", "-m"]
-    assert "pytest -m gpu tests/test_gpu.py" in seen[1] and "troll.check --shape tiny" in seen[3]
+    assert "troll.check --shape tiny" in seen[1] and "--head 72 --profile" in seen[2]
+    assert "pytest -m gpu tests/test_gpu.py" in seen[3]
     assert [re.search(r"--loss (\S+)", c)[1] for c in seen[4:]] == ["troll", "ppo_clip"]
     assert sorted(p.name for p in out.iterdir()) == sorted(["lease.log", *(f"{f}.txt" for f in FILES)])
     assert "stand-in: -m pytest" in (out / "tests.txt").read_text()
@@ -170,7 +171,7 @@ def test_a_part_past_its_cap_is_stopped(tmp_path, fake_python):
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_ctrl_c_stops_the_running_part_and_the_rest(tmp_path, fake_python, signum):
     """Ctrl-C (SIGINT to the lease's process group, as a terminal sends it) or SIGTERM while the tests part runs:
-    the part is stopped at once, no later part starts, lease.log keeps the finished part and says what did not
+    the part is stopped at once, no later part starts, lease.log keeps the finished parts and says what did not
     finish, one line says so with the command that runs the rest, and the lease ends by that signal."""
     out = tmp_path / "out"
     environ = dict(os.environ, PYTHON=str(fake_python), LEASE_PARTS="", LEASE_BUDGET_S="480", FAKE_SLOW="pytest")
@@ -193,18 +194,18 @@ def test_ctrl_c_stops_the_running_part_and_the_rest(tmp_path, fake_python, signu
     assert time.monotonic() - t0 < 10, "the part was not stopped at once"
     assert proc.returncode == -signum, stderr
     how = "interrupted" if signum == signal.SIGINT else "stopped by SIGTERM"
-    rest = " ".join(PARTS[1:])
+    done, rest = " ".join(PARTS[:3]), " ".join(PARTS[3:])
     line = one_line(stderr)
-    assert f"{how} during part tests: finished env (kept in {out})" in line, line
+    assert f"{how} during part tests: finished {done} (kept in {out})" in line, line
     assert f'the rest: LEASE_PARTS="{rest}" bash scripts/gpu_lease.sh --cpu NEW_OUT' in line, line
     log = (out / "lease.log").read_text()
     assert re.search(r"^part env: exit 0 in \d+ s$", log, re.M), log
     assert re.search(r"^part tests: stopped \(exit \d+\) in \d+ s$", log, re.M), log
     assert re.search(
-        rf"^gpu_lease.sh: {how} during part tests after \d+ s; finished: env; not finished: {rest}$", log, re.M
+        rf"^gpu_lease.sh: {how} during part tests after \d+ s; finished: {done}; not finished: {rest}$", log, re.M
     )
-    assert len(calls(fake_python)) == 2  # env and tests: nothing after
-    assert sorted(p.name for p in out.iterdir()) == ["env.txt", "lease.log", "tests.txt"]
+    assert len(calls(fake_python)) == 4  # env, the check, the projection and tests: nothing after
+    assert sorted(p.name for p in out.iterdir()) == sorted([*(f"{f}.txt" for f in FILES[:4]), "lease.log"])
 
 
 # Misuse: exit 2, one line naming the setting, nothing written (OUT left as it was: absent, or empty).
