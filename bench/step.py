@@ -10,7 +10,9 @@ and reward them, GRPO advantages, the old-policy pass (`--old_policy recompute`:
 of every sample), `minibatches` optimiser steps (forward, loss, backward, AdamW), and the weight push (a no-op
 with HF). The phase times are the ones `rl_step` returns (time_generate, time_score, time_old_policy,
 time_update, time_sync); total = their sum. The variants differ only in the config: `troll` (the default
-"rest" sparse model), `troll-paper` (`support="paper"`, the paper's tail model) and `clip` (`loss="ppo_clip"`).
+"rest" sparse model), `troll-paper` (`support="paper"`, the paper's tail model), `clip` (`loss="ppo_clip"`: this
+repository's, through the same one-pass gather) and `textbook` (PPO-clip as TRL computes it: whole logits, one
+log-softmax over the vocabulary kept for backward, `troll.watch.textbook_clip`, with `logits_chunk` 0).
 Inside the update, the loss functions' forward (`troll_loss` / `ppo_clip`, not their backward) is also timed
 (wall and CPU user), to show how much of the difference is the loss itself: `rl_step`'s `loss_fn` seam gets the
 loss wrapped in a timer.
@@ -72,6 +74,7 @@ from troll.losses import LOSSES  # noqa: E402
 from troll.policy import build_model  # noqa: E402
 from troll.task import load_task  # noqa: E402
 from troll.warmstart import warm_start_task  # noqa: E402
+from troll.watch import textbook_clip  # noqa: E402
 
 PROG = "python bench/step.py"  # the name in each of its lines, argparse's own and run_command's
 
@@ -80,6 +83,7 @@ VARIANTS = {
     "troll": {"loss": "troll"},
     "troll-paper": {"loss": "troll", "support": "paper"},
     "clip": {"loss": "ppo_clip"},
+    "textbook": {"loss": "ppo_clip", "logits_chunk": 0},  # its loss: troll.watch.textbook_clip (below)
 }
 TROLLS = ("troll", "troll-paper")
 
@@ -96,7 +100,8 @@ class PhaseClock:
             setattr(train, phase, self.timed(getattr(train, phase), phase))
         generator.generate = self.timed(generator.generate, "generate")
         generator.push_weights = self.timed(generator.push_weights, "sync")
-        self.losses = {v["loss"]: self.timed(LOSSES[v["loss"]], "loss") for v in VARIANTS.values()}
+        losses = {name: LOSSES[v["loss"]] for name, v in VARIANTS.items()} | {"textbook": textbook_clip}
+        self.losses = {name: self.timed(fn, "loss") for name, fn in losses.items()}
 
     def clear(self) -> None:
         self.cpu.clear()
@@ -186,7 +191,7 @@ def main() -> None:
             clock.clear()
             u = cpu_user()
             variant = dataclasses.replace(cfg, **VARIANTS[name])
-            loss_fn = clock.losses[variant.loss]
+            loss_fn = clock.losses[name]
             row = train.rl_step(variant, r, model, tokenizer, generator, opt, sched, task, loss_fn=loss_fn)
             user = cpu_user() - u
             engine_fresh = False
@@ -214,7 +219,7 @@ def main() -> None:
             f"{name:16s} " + "".join(f"{md[p]:11.3f}" for p in PHASES) + f" {md['total']:7.3f} {md['min']:6.3f} |"
             f"           {md['user']:6.3f} {md['user_update']:7.3f} {md['user_old_policy']:6.3f}"
         )
-    paired = {}
+    paired, textbook = {}, {}
     for name in TROLLS:
         x = {k: ratio(med[name][k], med["clip"][k]) for k in med[name]}
         print(
@@ -224,6 +229,10 @@ def main() -> None:
         paired[name] = {
             k: median(ratio(t[k], c[k]) for t, c in zip(runs[name], runs["clip"], strict=True))
             for k in ("total", "update", "user", "user_update")
+        }
+        textbook[name] = {
+            k: median(ratio(t[k], c[k]) for t, c in zip(runs[name], runs["textbook"], strict=True))
+            for k in ("total", "update")
         }
     print("paired (median over rounds of the within-round ratio to clip):")
     c = med["clip"]
@@ -239,11 +248,17 @@ def main() -> None:
         f"  {'clip':12s} tokens clipped {c['frac_active']:.1%}, grad norm {c['grad_norm']:.3f}; "
         f"reward {c['reward']:.2f}"
     )
+    for name in TROLLS:
+        tb = textbook[name]
+        print(f"  {name:12s} against the textbook clip (whole logits): total {tb['total']:.2f}x, update "
+              f"{tb['update']:.2f}x")  # fmt: skip
     pr = paired["troll"]
     verdict = "met" if pr["total"] <= 1.05 else "NOT met"
     print(
         f"SUMMARY step: troll/clip total {pr['total']:.2f}x, update {pr['update']:.2f}x (target <= 1.05x): "
-        f"{verdict}; troll-paper/clip {paired['troll-paper']['total']:.2f}x; tokens projected: rest model "
+        f"{verdict}; against the textbook clip {textbook['troll']['total']:.2f}x, update "
+        f"{textbook['troll']['update']:.2f}x; troll-paper/clip {paired['troll-paper']['total']:.2f}x; tokens "
+        "projected: rest model "
         f"{med['troll']['frac_active']:.1%}, paper model {med['troll-paper']['frac_active']:.1%}; cpu user "
         f"{pr['user']:.2f}x, {cfg.backend}, median of {a.repeats} paired rounds"
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -339,3 +340,15 @@ def test_bench_runs_as_a_module_and_as_a_file(name, tmp_path):
     for proc in procs:
         out, err = proc.communicate(timeout=300)
         assert proc.returncode == 0 and out.startswith(f"usage: python bench/{name}.py"), (proc.args, err[-2000:])
+
+
+def test_bench_step_times_the_textbook_clip_beside_ours():
+    """bench/step.py's fourth variant, PPO-clip as TRL computes it (whole logits), in the table and the SUMMARY."""
+    argv = ["--repeats", "1", "--warmup", "0", "--sft_steps", "0", "--prompts_per_step", "4"]
+    res = subprocess.run([sys.executable, "bench/step.py", *argv], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600, env=os.environ | {"OMP_WAIT_POLICY": "PASSIVE"})  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = {line.split()[0] for line in res.stdout.splitlines() if line.strip()}
+    assert {"troll", "troll-paper", "clip", "textbook"} <= rows
+    summary = res.stdout.splitlines()[-1]
+    assert summary.startswith("SUMMARY step") and re.search(r"against the textbook clip \d+\.\d\dx", summary)
