@@ -470,6 +470,8 @@ def test_lora_presets_fit_their_gpu(name):
 
 INERT_FLAGS = [
     (["--loss", "ppo_clip", "--eps", "0.1"], "--eps acts only with --loss troll, not --loss ppo_clip"),
+    (["--compile_head", "true"], "--compile_head acts only with --logits_chunk > 0 (the chunked output layer), not "
+     "--logits_chunk 0"),
     (["--loss", "dppo", "--alpha", "0.5"], "--alpha acts only with --loss troll, not --loss dppo"),
     (["--loss", "cispo", "--level", "token"], "--level acts only with --loss troll or ppo_clip"),
     (["--clip_low", "0.1"], "--clip_low acts only with --loss ppo_clip, not --loss troll"),

@@ -162,8 +162,9 @@ def test_projections_match_float64_cpu(device, dtype):
 # ----------------------------------------------------------------------------- the chunked output layer
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_chunked_head_equals_full_logits(device, dtype):
+def test_chunked_head_equals_full_logits(device, dtype, compiled):
     """troll_loss from LMHead(hidden [4, 64, 64], weight [4,160, 64], temperature 0.9, vocabulary 4,096 of the
     4,160 rows) in chunks of 48 rows (the last one short) equals troll_loss from the full logits the unchunked
     path computes (policy.packed_logits: the matmul under autocast, .float(), / temperature, padded ids at -inf), on
@@ -176,7 +177,7 @@ def test_chunked_head_equals_full_logits(device, dtype):
     relative (a logit rounded the other way by one bf16 ulp, 2^-8, moves the mean loss far less); the unchunked
     backward rounds dL/dlogits to bf16 (2^-9 of each entry) before its bf16 matmul, the chunked one multiplies in
     float32 and rounds once, and the sums over V cancel: every entry within 2e-2 of the largest (measured on CPU:
-    6e-3)."""
+    6e-3). Compiled (`LMHead(compiled=True)`: Triton kernels on CUDA, C++ on CPU): the same tolerances."""
     b, t, h, v_out, vocab, temperature = 4, 64, 64, 4160, 4096, 0.9
     g = torch.Generator().manual_seed(2)
     weight = torch.randn(v_out, h, generator=g, dtype=torch.float64) * 0.4
@@ -194,7 +195,7 @@ def test_chunked_head_equals_full_logits(device, dtype):
         x, w = (z.to(dtype).to(device).requires_grad_(True) for z in (hidden, weight))
         with autocast(device, dtype):
             if chunked:
-                logits = LMHead(x, w, None, temperature, vocab, chunk_rows=48)
+                logits = LMHead(x, w, None, temperature, vocab, chunk_rows=48, compiled=compiled)
             else:
                 logits = (x @ w.T).float() / temperature
                 logits = logits.masked_fill(padded.to(device), -math.inf)

@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+import troll.head as head_module
 from troll.head import LMHead, gather_logprobs, topk
 from troll.losses import LOSSES
 from troll.sparse import sparsify
@@ -78,7 +79,7 @@ def test_topk_of_the_head_equals_topk_of_logits():
         ("cispo", {}),
     ],
 )
-def test_every_loss_equals_its_unchunked_value_and_gradient(name, kw, tied):
+def test_every_loss_equals_its_unchunked_value_and_gradient(name, kw, tied, compiled=False):
     """Loss from LMHead(hidden [B, T, H], weight) == loss from its full logits [B, T, V], value and gradient, and
     the old policy sparsified from a head equals the one from logits. Tied: the output weight is also the
     embedding table that made the hidden states, so its gradient has two paths."""
@@ -103,7 +104,7 @@ def test_every_loss_equals_its_unchunked_value_and_gradient(name, kw, tied):
 
     def run(chunked: bool):
         hidden = torch.tanh(emb[ids])  # the "network": embedding, then the output layer
-        head = LMHead(hidden, out_w, None, 0.9, vocab, chunk_rows=5)
+        head = LMHead(hidden, out_w, None, 0.9, vocab, chunk_rows=5, compiled=compiled)
         x = head if chunked else reference_logits(head.reshape(b * t, -1)).view(b, t, v)
         loss, m = LOSSES[name](x, tokens, mask, adv, old, k=4, delta=1e-3, **kw)
         return loss, m, torch.autograd.grad(loss, params)
@@ -142,3 +143,56 @@ def test_frozen_output_layer_gets_no_gradient():
     torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-10)
     gather_logprobs(head, idx, mask)[1].sum().backward()
     assert head.weight.grad is None and head.hidden.grad is not None
+
+
+# ----------------------------------------------------------------------------- the compiled path
+
+
+def head_outputs(head: LMHead, idx: torch.Tensor, mask: torch.Tensor, w: torch.Tensor) -> list[torch.Tensor]:
+    """logp, log_rest, entropy and the gradients of hidden, weight and bias under a fixed weighting."""
+    lp, lr, ent = gather_logprobs(head, idx, mask)
+    loss = (torch.where(mask, lp, 0.0) * w).sum() + (lr * torch.linspace(-1, 1, len(lr), dtype=lr.dtype)).sum()
+    return [lp, lr, ent, *torch.autograd.grad(loss, leaves(head))]
+
+
+@pytest.mark.slow  # torch.compile takes seconds a shape on CPU
+@pytest.mark.parametrize(("n", "v", "vocab", "chunk"), [(10, 23, 20, 3), (1, 1003, 1000, 8), (37, 1003, 1003, 16)])
+def test_the_compiled_chunk_pass_is_the_eager_one_to_rounding(n, v, vocab, chunk, monkeypatch):
+    """`LMHead(compiled=True)`: the same op through torch.compile (C++ here, Triton on CUDA: tests/test_gpu.py) on
+    odd shapes (a vocabulary not a multiple of any block, one row, padded output rows, a short last chunk, masked
+    slots). float64: equal to the eager path to 1e-12. float32: its error against the float64 truth at most the
+    eager float32 path's plus 2e-6 (the sums run in another order)."""
+    g = torch.Generator().manual_seed(n)
+    hidden, weight, bias = (torch.randn(*s, generator=g, dtype=torch.float64) for s in ((n, 16), (v, 16), (v,)))
+    idx = torch.stack([torch.randperm(vocab, generator=g)[:6] for _ in range(n)])
+    mask = torch.rand(n, 6, generator=g) < 0.7
+    mask[:, 0] = True
+    w = torch.randn(n, 6, generator=g, dtype=torch.float64)
+    asked: list[str] = []  # the functions the op had compiled: the fused path ran, forward and backward
+    real = head_module.compiled
+    monkeypatch.setattr(head_module, "compiled", lambda fn: asked.append(fn.__name__) or real(fn))
+
+    def run(dtype: torch.dtype, fused: bool) -> list[torch.Tensor]:
+        head = LMHead(*(t.to(dtype).requires_grad_() for t in (hidden, weight * 2, bias)), 0.7, vocab, chunk, fused)
+        asked.clear()
+        out = [t.detach().double() for t in head_outputs(head, idx, mask, w.to(dtype))]
+        chunks = -(-n // chunk)
+        assert asked == (["chunk_stats"] * chunks + ["chunk_grad"] * chunks if fused else []), asked
+        return out
+
+    truth, fused64 = run(torch.float64, False), run(torch.float64, True)
+    eager32, fused32 = run(torch.float32, False), run(torch.float32, True)
+    for name, t, f64, e32, f32 in zip(("logp", "log_rest", "entropy", "hidden", "weight", "bias"), truth, fused64,
+                                      eager32, fused32, strict=True):  # fmt: skip
+        torch.testing.assert_close(f64, t, atol=1e-12, rtol=1e-10, msg=name)
+        ok = torch.isfinite(t)
+        assert torch.equal(ok, torch.isfinite(f32)), name  # -inf (no rest) where the truth has it
+        err_eager, err_fused = (float((x[ok] - t[ok]).abs().max()) for x in (e32, f32))
+        assert err_fused <= err_eager + 2e-6, (name, err_fused, err_eager)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tied", [False, True])
+def test_troll_through_the_compiled_head_equals_full_logits(tied):
+    """The same check as for the eager head, through the compiled pass (float64): TROLL's loss and gradient."""
+    test_every_loss_equals_its_unchunked_value_and_gradient("troll", {}, tied, compiled=True)

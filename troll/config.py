@@ -169,6 +169,7 @@ class Config:
     epochs: int = opt(1, "passes over each RL step's samples (PPO's update epochs, TRL's num_iterations), reshuffled")
     micro_batch_tokens: int = opt(4096, "padded tokens per forward; auto: the most the GPU fits", parse=_int_or_auto)
     logits_chunk: int = opt(0, "output layer in chunks of this many rows, no [tokens, V] logits (0: full logits)")
+    compile_head: bool = opt(False, "the chunked output layer's pass over the vocabulary through torch.compile")
     lr: float = opt(1e-4, "AdamW learning rate")
     lr_schedule: str = opt("constant", "learning-rate schedule; cosine decays to 0 at the end", ("constant", "cosine"))
     warmup_steps: int = opt(0, "linear warmup, in optimiser steps")
@@ -491,6 +492,7 @@ ACTS_ONLY: dict[str, tuple[str, typing.Callable[[Any], bool], str]] = {
     "lora_alpha": ("lora_rank", lambda v: v > 0, "--lora_rank > 0"),
     "lora_targets": ("lora_rank", lambda v: v > 0, "--lora_rank > 0"),
     "vllm_gpu_memory": ("backend", lambda v: v == "vllm", "--backend vllm"),
+    "compile_head": ("logits_chunk", lambda v: v > 0, "--logits_chunk > 0 (the chunked output layer)"),
     "sft_target": ("sft_steps", *_WARM),
     "sft_lr": ("sft_steps", *_WARM),
     "sft_batch": ("sft_steps", *_WARM),

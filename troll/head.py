@@ -21,11 +21,19 @@ of log_rest (p_v / r = exp(x_v - lse_rest) <= 1 on the rest, so no division by a
 
 Arithmetic is float32 for bf16/fp16/float32 inputs (the matmul runs in the inputs' dtype) and float64 for
 float64. `topk` gives the K largest logits per row in the same chunks (no gradient), for the sparse supports.
+
+`LMHead(..., compiled=True)`: each chunk's statistics (forward) and its dL/dx (backward) go through
+`torch.compile` of `chunk_stats` / `chunk_grad`, the same formulas written as one function each, which the compiler
+fuses into a few passes over [chunk, V] (Triton kernels on CUDA, C++ on CPU) where the eager path makes about seven;
+the matmuls stay as they are. Its float32 sums run in another order, so it agrees with the eager path to rounding
+(tests/test_head.py bounds its error against a float64 truth). The first call of each shape compiles (seconds).
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -51,6 +59,7 @@ class LMHead:
     temperature: float = 1.0
     vocab_size: int | None = None
     chunk_rows: int | None = None
+    compiled: bool = False  # each chunk's pass through torch.compile (module docstring)
 
     def __post_init__(self) -> None:
         if self.weight.dim() != 2 or self.hidden.shape[-1] != self.weight.shape[1]:
@@ -127,14 +136,38 @@ def _chunk_logits(x: Tensor, head: LMHead | None, r: slice, buf: Tensor) -> Tens
     return head.logits(r, out=buf[: x[r].shape[0]])
 
 
+def chunk_stats(x: Tensor, idx: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """One chunk's forward, as one function (the compiled path): logits x [m, V] (-inf on masked ids), ids [m, W]
+    -> lse [m], logp [m, W], entropy [m], lse_rest [m] (module docstring; the eager path computes the same in place
+    in `_GatherLogprobs.forward`)."""
+    top = x.amax(-1, keepdim=True)
+    d = x - top
+    e = d.exp()
+    log_z = e.sum(-1).log()
+    entropy = log_z - torch.where(e > 0, d * e, 0.0).sum(-1) / e.sum(-1)
+    rest = top[:, 0] + e.scatter(-1, idx, 0.0).sum(-1).log()
+    return top[:, 0] + log_z, d.gather(-1, idx) - log_z[:, None], entropy, rest
+
+
+def chunk_grad(x: Tensor, base: Tensor, coef: Tensor, idx: Tensor, at_s: Tensor) -> Tensor:
+    """One chunk's dL/dx [m, V] (module docstring): exp(x - base) coef on every id, at_s at the slots idx."""
+    return (x - base[:, None]).exp().mul(coef[:, None]).scatter(-1, idx, at_s)
+
+
+@functools.cache
+def compiled(fn: Callable) -> Callable:
+    """`torch.compile(fn)`, made once per function (dynamic shapes: one compilation serves every chunk size)."""
+    return torch.compile(fn, dynamic=True)
+
+
 class _GatherLogprobs(torch.autograd.Function):
-    """(x or hidden, weight, bias, idx, live, temperature, vocab, per) -> logp [N, W], log_rest [N], entropy [N]
+    """(x or hidden, weight, bias, idx, live, temperature, vocab, per, fused) -> logp [N, W], log_rest [N], entropy [N]
     (module docstring), `per` rows at a time. weight None: x holds the logits [N, V]. Saves the inputs and three
     numbers per row. Each call allocates its [per, V] work buffers once and reuses them for every chunk: a fresh
     buffer per chunk costs the CPU more in page faults than the arithmetic."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, idx, live, temp, vocab, per):  # type: ignore[override]
+    def forward(ctx, x, weight, bias, idx, live, temp, vocab, per, fused):  # type: ignore[override]
         dt = compute_dtype(x.dtype)
         n, v = x.shape[0], (x.shape[-1] if weight is None else weight.shape[0])
         head = None if weight is None else LMHead(x, weight, bias, temp, vocab)
@@ -142,9 +175,13 @@ class _GatherLogprobs(torch.autograd.Function):
         lse_rest, entropy = torch.empty_like(lse), torch.empty_like(lse)
         logp = torch.empty(idx.shape, dtype=dt, device=x.device)
         rows = _chunks(n, per)
-        work, shifted = (torch.empty(min(per, n), v, dtype=dt, device=x.device) for _ in range(2))
+        work = torch.empty(min(per, n), v, dtype=dt, device=x.device)
+        shifted = None if fused else torch.empty_like(work)
         for r in rows:
             xc = _chunk_logits(x, head, r, work)
+            if fused:
+                lse[r], logp[r], entropy[r], lse_rest[r] = compiled(chunk_stats)(xc, idx[r])
+                continue
             m = xc.shape[0]
             top = xc.amax(-1, keepdim=True)
             d = torch.sub(xc, top, out=shifted[:m])  # log(p) + log z, -inf on masked ids
@@ -161,7 +198,7 @@ class _GatherLogprobs(torch.autograd.Function):
             xc = _chunk_logits(x, head, slice(i, i + 1), work)
             lse_rest[i] = xc.scatter(-1, idx[i : i + 1], -math.inf).logsumexp(-1)[0]
         ctx.save_for_backward(x, weight, bias, idx, live, lse, lse_rest)
-        ctx.temp, ctx.vocab, ctx.per, ctx.rows = temp, vocab, per, rows
+        ctx.temp, ctx.vocab, ctx.per, ctx.rows, ctx.fused = temp, vocab, per, rows, fused
         ctx.mark_non_differentiable(entropy)
         return logp, lse_rest - lse, entropy
 
@@ -188,8 +225,12 @@ class _GatherLogprobs(torch.autograd.Function):
             p_s = (xc.gather(-1, idx[r]) - lse[r, None]).exp()
             at_s = g[r] - p_s * total[r, None]
             at_s = torch.where(live[r], at_s, at_s[:, :1])  # masked slots repeat slot 0: write the same value
-            out = grad_x[r] if direct else work[: xc.shape[0]]
-            gc = torch.sub(xc, base[r, None], out=out).exp_().mul_(coef[r, None]).scatter_(-1, idx[r], at_s)
+            if ctx.fused:
+                gc = compiled(chunk_grad)(xc, base[r], coef[r], idx[r], at_s)
+                direct = False
+            else:
+                out = grad_x[r] if direct else work[: xc.shape[0]]
+                gc = torch.sub(xc, base[r, None], out=out).exp_().mul_(coef[r, None]).scatter_(-1, idx[r], at_s)
             if weight is None:
                 if not direct:
                     grad_x[r] = gc
@@ -200,7 +241,7 @@ class _GatherLogprobs(torch.autograd.Function):
                 grad_w.addmm_(gc.T, x[r].to(dt))
             if grad_b is not None:
                 grad_b += gc.sum(0)
-        return grad_x.to(x.dtype), _cast(grad_w, weight), _cast(grad_b, bias), None, None, None, None, None
+        return grad_x.to(x.dtype), _cast(grad_w, weight), _cast(grad_b, bias), None, None, None, None, None, None
 
 
 def _cast(t: Tensor | None, like: Tensor | None) -> Tensor | None:
@@ -218,8 +259,8 @@ def gather_logprobs(x: Logits, idx: Tensor, mask: Tensor) -> tuple[Tensor, Tenso
     per = _rows_per_chunk(x)
     if isinstance(x, LMHead):
         vocab = x.weight.shape[0] if x.vocab_size is None else x.vocab_size
-        return _GatherLogprobs.apply(x.hidden, x.weight, x.bias, idx, mask, x.temperature, vocab, per)
-    return _GatherLogprobs.apply(x, None, None, idx, mask, 1.0, x.shape[-1], per)
+        return _GatherLogprobs.apply(x.hidden, x.weight, x.bias, idx, mask, x.temperature, vocab, per, x.compiled)
+    return _GatherLogprobs.apply(x, None, None, idx, mask, 1.0, x.shape[-1], per, False)
 
 
 @torch.no_grad()

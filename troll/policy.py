@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -220,14 +221,22 @@ def completion_logits(
 
 
 def rollout_logits(
-    model: Any, ro: Rollouts, rows: Tensor, vocab_size: int, chunk_rows: int = 0, bf16: bool = False
+    model: Any,
+    ro: Rollouts,
+    rows: Tensor,
+    vocab_size: int,
+    chunk_rows: int = 0,
+    bf16: bool = False,
+    compiled: bool = False,
 ) -> Logits:
     """`completion_logits` of samples `rows` ([b] long) of rollouts `ro` at their sampling temperature: [b, T, V]
-    (or an `LMHead` with chunk_rows > 0), the forward under bf16 autocast when `bf16`."""
+    (or an `LMHead` with chunk_rows > 0, its pass through torch.compile when `compiled`), the forward under bf16
+    autocast when `bf16`."""
     device = next(model.parameters()).device
     prompts = [ro.prompt_ids[i] for i in rows.tolist()]
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-        return completion_logits(model, prompts, ro.completion_ids[rows], ro.temperature, vocab_size, chunk_rows)
+        x = completion_logits(model, prompts, ro.completion_ids[rows], ro.temperature, vocab_size, chunk_rows)
+    return replace(x, compiled=True) if compiled and isinstance(x, LMHead) else x
 
 
 def packed_logits(

@@ -138,7 +138,7 @@ def old_policy(cfg: Config, model: Any, ro: Rollouts, vocab: int) -> SparseDist:
     parts = []
     with torch.no_grad():
         for rows in ro.micro_batches(cfg.micro_batch_tokens):
-            logits = rollout_logits(model, ro, rows, vocab, cfg.logits_chunk, cfg.bf16)
+            logits = rollout_logits(model, ro, rows, vocab, cfg.logits_chunk, cfg.bf16, cfg.compile_head)
             logits = logits.reshape(-1, logits.shape[-1])
             ids = ro.completion_ids[rows].reshape(-1).to(logits.device)
             parts.append(sparsify(logits, ids, k=cfg.k, delta=cfg.delta).to("cpu"))
@@ -187,7 +187,7 @@ def update(
         whole = ro.completion_mask[minibatch]
         count, tokens = int(aggregate_count(whole, cfg.agg)), int(whole.sum())
         for rows in ro.micro_batches(cfg.micro_batch_tokens, minibatch):
-            logits = rollout_logits(model, ro, rows, vocab, cfg.logits_chunk, cfg.bf16)  # pi_theta, with grad
+            logits = rollout_logits(model, ro, rows, vocab, cfg.logits_chunk, cfg.bf16, cfg.compile_head)  # with grad
             mask = ro.completion_mask[rows]
             mu = ro.logprobs[rows].to(device) if cfg.is_correction != "none" else None  # off-policy correction
             loss, m = loss_fn(  # TROLL: the projection onto KL(. || q) <= eps runs inside (troll.losses)
