@@ -155,6 +155,7 @@ def test_check_end_to_end_transformers(tmp_path, gsm8k_dir):
     times = report["update_time"]
     assert times["ratio"] > 0 and times["ratio_textbook"] > 0 and report["verdict"] == "passed"
     assert times["textbook_clip_s"] > 0 and times["textbook_clip_peak_bytes"] is None  # peaks: CUDA only
+    assert times["troll_compiled_s"] > 0 and times["ratio_compiled_textbook"] > 0  # logits_chunk > 0: compiled too
     assert report["environment"]["torch"] == torch.__version__ and "vllm" in report["environment"]
     assert report["config"]["logits_chunk"] == 1024 and report["config"]["task"] == "gsm8k"
     assert report["model"].startswith("stand-in") and "| memory |" in res.stdout

@@ -36,7 +36,8 @@ Checks, each "passed", "FAILED" or "not applicable (why)":
                   the Python runtime and the weights are resident throughout and cancel.
     resume        the resumed process continued from the checkpoint and wrote step steps + 1
 Measured, not checked (times are this machine's): seconds per phase, and TROLL's update time over PPO-clip's, this
-repository's and the textbook one's (whole logits, one log-softmax: troll.watch.textbook_clip), peak memory on CUDA.
+repository's and the textbook one's (whole logits, one log-softmax: troll.watch.textbook_clip), with TROLL's through
+the compiled output layer (--compile_head) beside it, and each one's peak memory on CUDA.
 
 The run is watched with troll/watch.py (a Generator and a loss wrapped around the run's own, and what needs its
 live objects after it); this module draws the checks from what that recorded, one function a check.
@@ -417,7 +418,7 @@ def check_update_time(u: dict | None) -> dict[str, str]:
     on the same batch, with each one's peak memory on CUDA (measured, not checked)."""
     if not u:
         return line("TROLL / clip update time", MEASURED, "not run")
-    names = {"troll": "TROLL", "ppo_clip": "clip", "textbook_clip": "textbook clip"}
+    names = {"troll": "TROLL", "troll_compiled": "TROLL compiled", "ppo_clip": "clip", "textbook_clip": "textbook clip"}
     peak = {
         name: f" {u[f'{name}_peak_bytes'] / 2**30:.2f} GiB" if u.get(f"{name}_peak_bytes") else "" for name in names
     }
@@ -425,6 +426,8 @@ def check_update_time(u: dict | None) -> dict[str, str]:
         f"{label} {u[f'{name}_s']:.2f} s{peak[name]}" for name, label in names.items() if u.get(f"{name}_s")
     )
     textbook = f", {u['ratio_textbook']:.3f} against the textbook clip" if u.get("ratio_textbook") else ""
+    if u.get("ratio_compiled_textbook"):
+        textbook += f" ({u['ratio_compiled_textbook']:.3f} compiled)"
     return line("TROLL / clip update time", MEASURED, f"{u['ratio']:.3f}{textbook} ({each}; {u['updates_each']} "
                 f"updates each, {u['samples']} samples)")  # fmt: skip
 

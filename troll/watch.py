@@ -182,11 +182,12 @@ def textbook_clip(
     }
 
 
-UPDATES = ("troll", "ppo_clip", "textbook_clip")  # what compare_updates times, in its order
+UPDATES = ("troll", "troll_compiled", "ppo_clip", "textbook_clip")  # what compare_updates times, in its order
 
 
 def compare_updates(cfg: Config, rec: Recorder, repeats: int) -> dict[str, Any]:
-    """TROLL's `update`, this repository's PPO-clip's (the same chunked output layer and gather), and the textbook
+    """TROLL's `update` (and with the chunked output layer, `logits_chunk` > 0, TROLL's with its pass compiled:
+    `compile_head`), this repository's PPO-clip's (the same chunked output layer and gather), and the textbook
     clip's (`textbook_clip`: whole logits, `logits_chunk` 0) on the run's last rollouts and trained model,
     interleaved forward then reversed per repeat after one untimed warm-up update of each, with plain SGD at
     learning rate 0 (the weights stay as they are; all pay the same step). Mean seconds per update and, on CUDA, the
@@ -203,10 +204,10 @@ def compare_updates(cfg: Config, rec: Recorder, repeats: int) -> dict[str, Any]:
     minibatches = list(torch.randperm(len(ro), generator=gen).chunk(cfg.minibatches))
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0)
-    runs = {
-        "troll": (dataclasses.replace(cfg, loss="troll"), LOSSES["troll"]),
-        "ppo_clip": (dataclasses.replace(cfg, loss="ppo_clip"), LOSSES["ppo_clip"]),
-    }
+    runs = {"troll": (dataclasses.replace(cfg, loss="troll", compile_head=False), LOSSES["troll"])}
+    if cfg.logits_chunk > 0:  # the chunked output layer's pass through torch.compile (troll.head)
+        runs["troll_compiled"] = (dataclasses.replace(cfg, loss="troll", compile_head=True), LOSSES["troll"])
+    runs["ppo_clip"] = (dataclasses.replace(cfg, loss="ppo_clip", compile_head=False), LOSSES["ppo_clip"])
     if cfg.level == "token" and cfg.is_correction == "none":
         runs["textbook_clip"] = (dataclasses.replace(cfg, loss="ppo_clip", logits_chunk=0), textbook_clip)
     cuda = cfg.device == "cuda"
@@ -229,8 +230,9 @@ def compare_updates(cfg: Config, rec: Recorder, repeats: int) -> dict[str, Any]:
     mean = {name: sum(v) / len(v) for name, v in times.items()}
     out = {f"{name}_s": mean.get(name) for name in UPDATES}
     out |= {f"{name}_peak_bytes": peaks.get(name) if cuda else None for name in UPDATES}
-    textbook = mean.get("textbook_clip")
+    textbook, fused = mean.get("textbook_clip"), mean.get("troll_compiled")
     return out | {"ratio": mean["troll"] / mean["ppo_clip"], "ratio_textbook": textbook and mean["troll"] / textbook,
+                  "ratio_compiled_textbook": textbook and fused and fused / textbook,
                   "updates_each": repeats, "samples": len(ro), "each_s": times}  # fmt: skip
 
 
