@@ -5,6 +5,7 @@ chunked output layer (`LMHead`) vs full logits, gradient checkpointing on vs off
     .venv/bin/python bench/real_shapes.py --plan quick        # Qwen2.5-0.5B, ckpt on, 4 variants (~3 min)
     .venv/bin/python bench/real_shapes.py --plan full         # every model x variant x row count (~1.5 h)
     .venv/bin/python bench/real_shapes.py --models qwen3-0.6b --rows 1,2 --losses troll --heads chunked
+    .venv/bin/python bench/real_shapes.py --models qwen2.5-0.5b --rows 2 --heads chunked,compiled --ckpt on
     .venv/bin/python bench/real_shapes.py --lora 32 --layers 2 --response 1024 --models qwen3-1.7b --rows 1,2 \
         --losses troll --heads chunked --ckpt on                # LoRA, the model cut to 2 layers (troll/memory.py)
 
@@ -45,9 +46,12 @@ Peak of a phase = VmHWM after the phase, reset before it (/proc/self/clear_refs 
 every allocation >= 1 MB (MALLOC_MMAP_THRESHOLD_) so freed tensors leave the resident set at once. Times are
 wall clock with OMP_WAIT_POLICY=PASSIVE, one repetition (the old pass warms the kernels the update uses).
 
-Ratios printed: TROLL / clip and chunked / unchunked, of the update's peak (absolute, and its excess over the
-fixed cost) and of its time. SUMMARY checks the project's targets at the Qwen2.5-0.5B shape with checkpointing
-on (the presets'): TROLL's chunked update peak < PPO-clip's unchunked and <= 1.02x PPO-clip's chunked;
+`--heads compiled`: the chunked head with its pass through torch.compile (`--compile_head`, troll.head), both
+functions compiled on a 3-row head first (not timed), beside `chunked` as "compiled/chunked" (update and old pass).
+
+Ratios printed: TROLL / clip, compiled / chunked and chunked / unchunked, of the update's peak (absolute, and its
+excess over the fixed cost) and of its time. SUMMARY checks the project's targets at the Qwen2.5-0.5B shape with
+checkpointing on (the presets'): TROLL's chunked update peak < PPO-clip's unchunked and <= 1.02x PPO-clip's chunked;
 TROLL / clip time <= 1.05x (both chunked); chunked / unchunked time <= 1.10x (same micro-batch, both losses).
 The "fit" section prints the per-token coefficients (peaks over fixed vs tokens) that troll/memory.py holds.
 
@@ -59,6 +63,7 @@ first variant runs, the link left as it is and never written through.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import os
@@ -78,6 +83,7 @@ from bench._util import comma_list, int_at_least, positive_float  # noqa: E402
 from troll import outputs  # noqa: E402
 from troll.cli import Parser, run_command
 from troll.diagnostics import proc_status_bytes, reset_peak_rss  # noqa: E402
+from troll.head import LMHead, gather_logprobs  # noqa: E402
 from troll.lora import add_adapters  # noqa: E402
 from troll.losses import ppo_clip, troll_loss  # noqa: E402
 from troll.policy import packed_logits  # noqa: E402
@@ -90,6 +96,7 @@ MODELS = {name: arch for name, arch in ARCHS.items() if name != "tiny"}  # the p
 LORA_ALPHA = 32.0  # the adapters' scale; B = 0 at the start, so it changes no memory
 COUNT_ADAM = {"qwen2.5-1.5b"}  # AdamW states counted, not allocated (module docstring)
 LOSSES = {"troll": troll_loss, "clip": ppo_clip}
+HEADS = ("chunked", "full", "compiled")  # the output layer: LMHead, whole logits, LMHead through torch.compile
 KWARGS = {"troll": dict(eps=0.05, alpha=1.0), "clip": dict(eps_low=0.2, eps_high=0.2)}
 PROMPT = 250
 GB = 1e9
@@ -111,11 +118,21 @@ def make_batch(rows: int, response: int, vocab: int, seed: int = 0):
     return ids, attn, ids[:, PROMPT:], mask, adv
 
 
-def policy(model, ids, attn, T: int, chunk: int, temperature: float, vocab: int):
+def policy(model, ids, attn, T: int, chunk: int, temperature: float, vocab: int, compiled: bool = False):
     """Current policy at the completion positions, as the trainer computes it (`policy.packed_logits`): full
     logits [B, T, V] (chunk 0), or an LMHead over the hidden states [B, T, H] in `chunk`-row chunks (the presets'
-    1,024 rows)."""
-    return packed_logits(model, ids, attn, T, temperature, vocab, chunk_rows=chunk)
+    1,024 rows), its pass through torch.compile when `compiled` (troll.head)."""
+    x = packed_logits(model, ids, attn, T, temperature, vocab, chunk_rows=chunk)
+    return dataclasses.replace(x, compiled=True) if compiled else x
+
+
+def warm_compiled(model, vocab: int, rows_out: int) -> None:
+    """Compile the chunked head's two functions (dynamic shapes) on 3 rows of the model's output layer."""
+    weight = model.get_output_embeddings().weight
+    hidden = torch.randn(3, weight.shape[1], requires_grad=True)
+    head = LMHead(hidden, weight.detach(), None, 1.0, vocab, chunk_rows=3, compiled=True)
+    logp, log_rest, _ = gather_logprobs(head, torch.zeros(3, 2, dtype=torch.long), torch.ones(3, 2, dtype=torch.bool))
+    (logp.sum() + log_rest.sum()).backward()
 
 
 def _status(key: str) -> float:
@@ -156,19 +173,21 @@ def child(spec: dict) -> dict:
     adam = 8 * n_params / GB if count_adam else 0.0
     out = dict(spec, params=n_params, base_params=base_params, fixed=_status("VmRSS") + adam,
                t_fixed=time.perf_counter() - t0)  # fmt: skip
-    chunk = spec.get("chunk", 1024) if spec["head"] == "chunked" else 0
+    chunk = spec.get("chunk", 1024) if spec["head"] in ("chunked", "compiled") else 0
+    if spec["head"] == "compiled":  # compile both chunk functions on a small head first: no compile time timed
+        warm_compiled(model, vocab, rows_out)
 
     _reset_peak()
     t0 = time.perf_counter()
     with torch.no_grad():
-        x = policy(model, ids, attn, T, chunk, spec["old_temperature"], vocab)
+        x = policy(model, ids, attn, T, chunk, spec["old_temperature"], vocab, spec["head"] == "compiled")
         old = sparsify(x.reshape(-1, rows_out), comp.reshape(-1), k=64, delta=1e-5)
     del x
     out |= dict(old=_status("VmHWM") + adam, t_old=time.perf_counter() - t0)
 
     _reset_peak()
     t0 = time.perf_counter()
-    x = policy(model, ids, attn, T, chunk, 1.0, vocab)
+    x = policy(model, ids, attn, T, chunk, 1.0, vocab, spec["head"] == "compiled")
     loss, metrics = LOSSES[spec["loss"]](x, comp, mask, adv, old, agg="token-mean", norm_len=T, **KWARGS[spec["loss"]])
     out |= dict(fwd=_status("VmHWM") + adam)  # the update's peak up to the loss: weights + saved activations
     loss.backward()
@@ -248,6 +267,11 @@ def report(results: list[dict]) -> None:
                   f"excess {(r['update'] - r['fixed']) / (c['update'] - c['fixed']):.3f}  "
                   f"time {r['t_update'] / c['t_update']:.3f}")  # fmt: skip
     for r in ok:
+        if r["head"] == "compiled" and (c := by.get(_key(r, head="chunked"))):
+            print(f"  compiled/chunked  {r['loss']:5} ckpt={'on ' if r['ckpt'] else 'off'} rows={r['rows']} "
+                  f"{r['model']:13}: peak {r['update'] / c['update']:.3f}  time {r['t_update'] / c['t_update']:.3f}  "
+                  f"old pass {r['t_old'] / c['t_old']:.3f}")  # fmt: skip
+    for r in ok:
         if r["head"] == "chunked" and (f := by.get(_key(r, head="full"))):
             print(f"  chunked/unchunked {r['loss']:5} ckpt={'on ' if r['ckpt'] else 'off'} rows={r['rows']} "
                   f"{r['model']:13}: peak {r['update'] / f['update']:.3f}  "
@@ -311,7 +335,7 @@ def main() -> None:
     ap.add_argument("--plan", default="default", choices=["quick", "default", "full"])
     ap.add_argument("--models", type=comma_list(MODELS), help="comma list of " + ",".join(MODELS))
     ap.add_argument("--losses", type=comma_list(LOSSES), help="comma list of troll,clip")
-    ap.add_argument("--heads", type=comma_list(["chunked", "full"]), help="comma list of chunked,full")
+    ap.add_argument("--heads", type=comma_list(HEADS), help="comma list of " + ",".join(HEADS))
     ap.add_argument("--ckpt", type=comma_list(["on", "off"]), help="comma list of on,off")
     ap.add_argument("--rows", help="comma list of row counts (default 2)")
     ap.add_argument("--response", type=int_at_least(1), default=262, help="completion columns T (row = 250 + T tokens)")
