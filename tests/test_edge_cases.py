@@ -11,8 +11,9 @@ import pytest
 import torch
 from scipy.optimize import minimize
 
+from troll.aggregate import aggregate
 from troll.dual import solve_dual
-from troll.losses import LOSSES, aggregate, troll_loss
+from troll.losses import LOSSES, troll_loss
 from troll.project import project_dense, project_sparse
 from troll.sparse import build_support, sparsify, sparsify_topk
 

@@ -12,7 +12,8 @@ import torch
 from scipy.optimize import brentq
 
 from troll.advantages import advantages, dr_grpo, grpo, reinforce_pp
-from troll.losses import LOSSES, aggregate, cispo, dppo, dppo_divergence, ppo_clip, troll_loss
+from troll.aggregate import DEFAULT_AGG, aggregate
+from troll.losses import LOSSES, cispo, dppo, dppo_divergence, ppo_clip, troll_loss
 from troll.project import project_sparse
 from troll.sparse import atom_kl, build_support, sparsify
 
@@ -490,7 +491,7 @@ def test_troll_at_sequence_level_is_a_mean_over_sequences_by_default():
     with TROLL's projected ratios, the regression term mean_i of each response's mean KL(p || sg(pi*)). Bit for bit
     the named mode; with nothing projected (eps large) the policy term is GSPO's unclipped objective from the
     paper's formula. The token mean gives another value. The library's and the config's defaults are one table."""
-    from troll import config, losses
+    from troll import config
 
     logits, tokens, mask, adv, old, old_logits = gspo_batch()
     kw = dict(k=3, delta=1e-3, eps=0.01)
@@ -508,7 +509,7 @@ def test_troll_at_sequence_level_is_a_mean_over_sequences_by_default():
     (g_free,) = torch.autograd.grad(free, logits)
     (g_ref,) = torch.autograd.grad(expected, logits)
     torch.testing.assert_close(g_free, g_ref, atol=1e-12, rtol=0)
-    assert losses.DEFAULT_AGG == config.DEFAULT_AGG == {"token": "token-mean", "sequence": "seq-mean-token-mean"}
+    assert DEFAULT_AGG == config.DEFAULT_AGG == {"token": "token-mean", "sequence": "seq-mean-token-mean"}
     for fn in (troll_loss, ppo_clip):
         assert inspect.signature(fn).parameters["agg"].default is None  # resolved from level
 

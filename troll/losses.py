@@ -52,10 +52,11 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from troll.aggregate import AGGREGATIONS, aggregate, default_agg, response_mean
 from troll.project import check_eps, project_sparse
 from troll.sparse import SUPPORTS, SparseDist, Support, atom_kl, build_support, check_k_delta, support_kl
+from troll.weights import capped_weight, check_weight, weigh, weight_metrics
 
-AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 LEVELS = ("token", "sequence")
 DPPO_THRESHOLDS = {"binary_tv": 0.15, "binary_kl": 0.05, "topk_tv": 0.15, "topk_kl": 0.05}
 # DPPO's divergence thresholds as its authors ship them, and its ratio cap c: 10, the fallback of sail-sg/Stable-RL's
@@ -64,107 +65,12 @@ DPPO_THRESHOLDS = {"binary_tv": 0.15, "binary_kl": 0.05, "topk_tv": 0.15, "topk_
 DPPO_RATIO_CAP = 10.0
 # PPO-clip's (eps_low, eps_high) by level: PPO's 0.2 per token; GSPO's paper (section 5.1) per sequence
 CLIP_RANGE = {"token": (0.2, 0.2), "sequence": (3e-4, 4e-4)}
-# the aggregation an unset agg takes, by level: a mean over tokens per token (GRPO / DAPO as TRL and verl default);
-# GSPO's (1 / G) sum_i per sequence (GSPO paper, J_GSPO; verl's compute_policy_loss_gspo hard-codes it)
-DEFAULT_AGG = {"token": "token-mean", "sequence": "seq-mean-token-mean"}
 LossOut = tuple[Tensor, dict[str, float]]
-
-
-def aggregate(x: Tensor, mask: Tensor, mode: str = "token-mean", norm_len: int | None = None) -> Tensor:
-    """Reduce per-token values x [B, T] over the real tokens (mask [B, T] bool) to a scalar.
-
-    The per-sequence modes average over the sequences with at least one real token (as verl's agg_loss): an empty
-    response neither adds a term nor counts in the denominator. No real token at all gives 0 (zero gradient).
-    Values at masked positions are never read, so padding may hold anything, inf or NaN included.
-    """
-    if x.shape != mask.shape or x.dim() != 2:
-        raise ValueError(f"x and mask must both be [B, T]; got {tuple(x.shape)} and {tuple(mask.shape)}")
-    if mode not in AGGREGATIONS:
-        raise ValueError(f"unknown aggregation {mode!r}; choose from {AGGREGATIONS}")
-    if norm_len is not None and (isinstance(norm_len, bool) or not isinstance(norm_len, int) or norm_len < 1):
-        raise ValueError(f"norm_len must be a positive integer or None, got {norm_len!r}")
-    mask = mask.bool()
-    per_seq = torch.where(mask, x, 0.0).sum(-1)  # [B]
-    if mode == "seq-mean-token-mean":
-        per_seq = per_seq / mask.sum(-1).clamp_min(1)
-    elif mode == "seq-mean-token-sum-norm":
-        per_seq = per_seq / (norm_len or max(x.shape[-1], 1))
-    return per_seq.sum() / aggregate_count(mask, mode).clamp_min(1)
-
-
-def aggregate_count(mask: Tensor, mode: str = "token-mean") -> Tensor:
-    """What `aggregate` divides by for mask [B, T] (a long scalar): the real tokens (token-mean), or the responses
-    with at least one real token (the per-sequence modes). Rows split into parts, the aggregate of the whole is the
-    sum of each part's aggregate times count(part) / count(whole) (troll.train's micro-batches)."""
-    mask = mask.bool()
-    return mask.sum() if mode == "token-mean" else mask.any(-1).sum()
-
-
-def default_agg(level: str) -> str:
-    """The aggregation an unset `agg` takes at `level` (DEFAULT_AGG; an unknown level is refused later, naming it)."""
-    return DEFAULT_AGG.get(level, "token-mean")
-
-
-def _response_mean(x: Tensor, mask: Tensor) -> Tensor:
-    """mean_t x over each response's real tokens, [B, T] -> [B, 1] (0 for an empty response)."""
-    m = mask.to(x.dtype)
-    return (x * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp_min(1)
 
 
 def _sequence_ratio(log_r: Tensor, mask: Tensor) -> Tensor:
     """GSPO's straight-through token ratio [B, T]: value exp(mean_t log r), gradient of each token's log r."""
-    return torch.exp(_response_mean(log_r, mask).detach() + log_r - log_r.detach())
-
-
-# ----------------------------------------------------------------------------- the off-policy weight
-
-
-def capped_weight(log_rho: Tensor, mask: Tensor, cap: float = math.inf, level: str = "token") -> tuple[Tensor, Tensor]:
-    """The plain loop's IS weight w = min(rho, cap) [B, T] from log rho = log q(y) - log mu(y) [B, T] (padding never
-    read), per response at level="sequence" (rho_i = exp(mean_t log rho_t), GSPO's ratio), and where the cap binds
-    ([B, T] bool). A capped weight is the cap exactly. No gradient."""
-    with torch.no_grad():
-        log_rho = torch.where(mask, log_rho, 0.0)
-        if level == "sequence":
-            log_rho = _response_mean(log_rho, mask).expand_as(log_rho)
-        rho = log_rho.exp()
-        return rho.clamp(max=cap), rho > cap
-
-
-def weight_metrics(w: Tensor, bounded: Tensor, mask: Tensor) -> dict[str, float]:
-    """is_weight_mean / is_weight_max of the weight w [B, T] over the real tokens, and is_frac_truncated: the share
-    of real tokens whose ratio was bounded (bounded [B, T] bool: capped, floored or masked)."""
-    real = w[mask].double()
-    mean, top = (float(real.mean()), float(real.max())) if real.numel() else (1.0, 1.0)
-    frac = float(aggregate(bounded.to(w.dtype), mask))
-    return {"is_weight_mean": mean, "is_weight_max": top, "is_frac_truncated": frac}
-
-
-def _check_weight(behaviour_logp: Tensor | None, is_cap: float, is_weight: Tensor | None, mask: Tensor) -> None:
-    """Refuse an unusable behaviour log-prob or weight [B, T], or cap, naming the argument."""
-    if isinstance(is_cap, bool) or not isinstance(is_cap, (int, float)) or not is_cap >= 1:  # NaN fails >= 1
-        raise ValueError(f"is_cap must be a number >= 1 (math.inf: no truncation), got {is_cap!r}")
-    if behaviour_logp is None and is_cap != math.inf:
-        raise ValueError(f"is_cap={is_cap!r} caps the IS weight q(y) / mu(y), which needs behaviour_logp (got None)")
-    if behaviour_logp is not None and is_weight is not None:
-        raise ValueError("behaviour_logp and is_weight each give the IS weight; pass one of them")
-    for name, x in (("behaviour_logp", behaviour_logp), ("is_weight", is_weight)):
-        if x is None:
-            continue
-        if not isinstance(x, Tensor) or not x.is_floating_point():
-            got = x.dtype if isinstance(x, Tensor) else type(x).__name__
-            raise ValueError(f"{name} must be a float tensor [B, T], got {got}")
-        if x.shape != mask.shape:
-            raise ValueError(f"{name} must have the shape of tokens {tuple(mask.shape)}, got {tuple(x.shape)}")
-        if not bool(torch.isfinite(x[mask]).all()):
-            raise ValueError(f"{name} contains NaN or inf on a real token")
-    if is_weight is not None and bool((is_weight[mask] < 0).any()):
-        raise ValueError("is_weight is negative on a real token (a weight is >= 0)")
-
-
-def _weigh(x: Tensor, w: Tensor | None) -> Tensor:
-    """x [B, T] times the IS weight w [B, T]; x itself (the same tensor, bit for bit) without one."""
-    return x if w is None else w * x
+    return torch.exp(response_mean(log_r, mask).detach() + log_r - log_r.detach())
 
 
 def _support(
@@ -199,7 +105,7 @@ def _support(
         raise ValueError(f"unknown aggregation agg={agg!r}; choose from {AGGREGATIONS}")
     if level not in LEVELS:
         raise ValueError(f"unknown level={level!r}; choose from {LEVELS}")
-    _check_weight(behaviour_logp, is_cap, is_weight, mask)
+    check_weight(behaviour_logp, is_cap, is_weight, mask)
     s = build_support(logits.reshape(b * t, logits.shape[-1]), tokens.reshape(-1), old, support, k, delta)
     if is_weight is not None:  # a weight made elsewhere (TRL's modes): its metrics are its maker's
         return s, is_weight.detach().to(s.lq_y.dtype), {}
@@ -277,7 +183,7 @@ def troll_loss(
     proj = project_sparse(s, eps, detach_dual=detach_dual)
     log_r = (proj.log_pi_y - s.lq.gather(-1, s.y[:, None])[:, 0]).view(mask.shape)
     ratio = _sequence_ratio(log_r, mask) if level == "sequence" else log_r.exp()
-    policy = aggregate(_weigh(-adv[:, None] * ratio, w), mask, agg, norm_len)
+    policy = aggregate(weigh(-adv[:, None] * ratio, w), mask, agg, norm_len)
     # an inactive token has pi* = p: its regression term is 0, and so is its gradient (not rounding noise of it)
     kl = torch.where(proj.dual.active, atom_kl(s.lp, proj.logp.detach(), s.mask), 0.0)
     regression = aggregate(kl.view(mask.shape), mask, agg, norm_len)
@@ -321,7 +227,7 @@ def ppo_clip(
     ratio = _sequence_ratio(log_r, mask) if level == "sequence" else log_r.exp()
     a = adv[:, None]
     unclipped, clipped = ratio * a, ratio.clamp(1 - eps_low, 1 + eps_high) * a
-    policy = aggregate(_weigh(-torch.minimum(unclipped, clipped), w), mask, agg, norm_len)
+    policy = aggregate(weigh(-torch.minimum(unclipped, clipped), w), mask, agg, norm_len)
     frac = aggregate((clipped < unclipped).to(ratio.dtype), mask)
     metrics = _shared_metrics(s, mask, adv) | {"policy": float(policy.detach()), "regression": 0.0}
     return policy, metrics | {"frac_active": float(frac)} | _masked_stats(ratio, mask, "ratio") | is_metrics
@@ -386,7 +292,7 @@ def dppo(
         out_up = (a > 0) & (d > thr) & (ratio > 1)
         out_down = (a < 0) & (d > thr) & (ratio < 1)
         keep = (~(out_up | out_down)).to(logp_y.dtype)
-    policy = aggregate(_weigh(-a * ratio.detach().clamp_max(ratio_cap) * keep * logp_y, w), mask, agg, norm_len)
+    policy = aggregate(weigh(-a * ratio.detach().clamp_max(ratio_cap) * keep * logp_y, w), mask, agg, norm_len)
     metrics = _shared_metrics(s, mask, adv)
     metrics |= {"policy": float(policy.detach()), "regression": 0.0, "frac_active": float(aggregate(1 - keep, mask))}
     return policy, metrics | _masked_stats(ratio, mask, "ratio") | is_metrics
@@ -417,7 +323,7 @@ def cispo(
     logp_y = s.lp_y.view(mask.shape)
     ratio = (logp_y - s.lq_y.view(mask.shape)).exp()
     capped = ratio.detach().clamp_max(1 + eps_high)
-    policy = aggregate(_weigh(-adv[:, None] * capped * logp_y, w), mask, agg, norm_len)
+    policy = aggregate(weigh(-adv[:, None] * capped * logp_y, w), mask, agg, norm_len)
     frac = aggregate((ratio.detach() > 1 + eps_high).to(ratio.dtype), mask)
     metrics = _shared_metrics(s, mask, adv) | {"policy": float(policy.detach()), "regression": 0.0}
     return policy, metrics | {"frac_active": float(frac)} | _masked_stats(ratio, mask, "ratio") | is_metrics

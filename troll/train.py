@@ -48,12 +48,13 @@ from typing import Any
 import torch
 
 from troll.advantages import advantages
+from troll.aggregate import aggregate_count
 from troll.checkpoint import save_base
 from troll.cli import run_command
 from troll.diagnostics import StepTimer, UpdateKL, step_row
 from troll.harness import Run, RunError, check_sources, starting
 from troll.lora import base_source, base_weights, check_targets, is_adapter_checkpoint, owns_base, unwrap
-from troll.losses import LOSSES, aggregate_count
+from troll.losses import LOSSES
 from troll.metrics import merge
 from troll.padding import check_vocab
 from troll.policy import adapt, build_model, rollout_logits
@@ -202,7 +203,7 @@ def update(
                 **cfg.loss_kwargs(),
             )
             # a micro-batch weighs count(micro-batch) / count(minibatch), with count what cfg.agg divides by (real
-            # tokens, or rows with one: troll.losses.aggregate_count), so the sum is the minibatch's aggregate
+            # tokens, or rows with one: troll.aggregate.aggregate_count), so the sum is the minibatch's aggregate
             share = int(aggregate_count(mask, cfg.agg)) / max(count, 1)
             (loss * share).backward()
             if mask.any():  # metrics: the loss's own terms weigh as the loss; the rest, over real tokens, by tokens

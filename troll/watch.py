@@ -26,10 +26,11 @@ from typing import Any
 import torch
 
 from troll import memory
+from troll.aggregate import aggregate
 from troll.config import Config
 from troll.diagnostics import proc_status_bytes, reset_peak_rss
 from troll.head import LMHead, compute_dtype
-from troll.losses import LOSSES, aggregate
+from troll.losses import LOSSES
 from troll.rollout import Batch, Generator, Rollouts
 from troll.sparse import SparseDist
 

@@ -5,7 +5,7 @@ term, computed here from rho = q(y) / mu(y) and handed to the loss as `is_weight
 With floor f and cap c (0 <= f <= 1 <= c, so rho = 1 keeps weight 1) and R_i = prod_t rho_it over the real tokens
 of response i:
 
-    truncate           min(rho_t, c), raised to f: troll.losses.capped_weight (the plain loop's --is_cap), so
+    truncate           min(rho_t, c), raised to f: troll.weights.capped_weight (the plain loop's --is_cap), so
                        per response (GSPO's geometric mean) at level="sequence"
     token_truncate     clamp(rho_t, f, c) per token, at every level
     token_mask         rho_t if f <= rho_t <= c, else 0
@@ -22,7 +22,8 @@ import math
 import torch
 from torch import Tensor
 
-from troll.losses import LEVELS, capped_weight, weight_metrics
+from troll.losses import LEVELS
+from troll.weights import capped_weight, weight_metrics
 
 IS_MODES = ("truncate", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
@@ -36,7 +37,7 @@ def trl_is_weight(
     level: str = "token",
 ) -> tuple[Tensor, dict[str, float]]:
     """The weight w [B, T] of TRL's mode from log rho = log q(y) - log mu(y) [B, T] (padding never read), and its
-    metrics (troll.losses.weight_metrics: is_frac_truncated counts the capped, floored and masked tokens)."""
+    metrics (troll.weights.weight_metrics: is_frac_truncated counts the capped, floored and masked tokens)."""
     if is_mode not in IS_MODES:
         raise ValueError(f"unknown is_mode={is_mode!r}; choose from {IS_MODES}")
     if isinstance(is_cap, bool) or not isinstance(is_cap, (int, float)) or not is_cap >= 1:  # NaN fails >= 1
