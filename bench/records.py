@@ -37,6 +37,7 @@ from troll.cli import Parser, run_command  # noqa: E402
 from troll.config import Config  # noqa: E402
 from troll.policy import build_model  # noqa: E402
 from troll.records import Recorder, row_bytes_bound  # noqa: E402
+from troll.start import make_generator, make_optimizer  # noqa: E402
 from troll.task import load_task  # noqa: E402
 from troll.warmstart import warm_start_task  # noqa: E402
 
@@ -61,8 +62,8 @@ def main() -> None:
     if cfg.sft_steps:
         warm_start_task(cfg, model, tokenizer, task)
     tmp = tempfile.TemporaryDirectory()
-    generator = train.make_generator(cfg, model, tokenizer, Path(tmp.name))
-    opt, sched = train.make_optimizer(cfg, model)
+    generator = make_generator(cfg, model, tokenizer, Path(tmp.name))
+    opt, sched = make_optimizer(cfg, model)
     shape = f"{cfg.prompts_per_step} prompts x {cfg.samples_per_prompt} samples x <= {cfg.max_new_tokens} tokens"
     print(f"step: {shape}, loss {cfg.loss}, records of {cfg.records_samples} samples; {a.warmup} warm-up + "
           f"{a.repeats} rounds")  # fmt: skip

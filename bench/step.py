@@ -72,6 +72,7 @@ from troll.cli import Parser, UsageError, run_command
 from troll.config import Config  # noqa: E402
 from troll.losses import LOSSES  # noqa: E402
 from troll.policy import build_model  # noqa: E402
+from troll.start import make_generator, make_optimizer  # noqa: E402
 from troll.task import load_task  # noqa: E402
 from troll.warmstart import warm_start_task  # noqa: E402
 from troll.watch import textbook_clip  # noqa: E402
@@ -162,8 +163,8 @@ def main() -> None:
         task.reward = REWARDS[a.reward]
     threads_before = torch.get_num_threads()
     tmp = tempfile.TemporaryDirectory()
-    generator = train.make_generator(cfg, model, tokenizer, Path(tmp.name))
-    opt, sched = train.make_optimizer(cfg, model)  # the preset's constant schedule, no warmup
+    generator = make_generator(cfg, model, tokenizer, Path(tmp.name))
+    opt, sched = make_optimizer(cfg, model)  # the preset's constant schedule, no warmup
     clock = PhaseClock(generator)
     n_params = sum(p.numel() for p in model.parameters())
     print(

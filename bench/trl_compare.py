@@ -104,6 +104,7 @@ def run_troll(o: dict, loss: str) -> dict:
     import troll.train as train
     from troll.config import Config
     from troll.policy import build_model
+    from troll.start import make_generator, make_optimizer
     from troll.task import load_task
 
     cfg = Config.from_args(
@@ -116,8 +117,8 @@ def run_troll(o: dict, loss: str) -> dict:
     task, _ = load_task(cfg, tokenizer)
     task.reward = parity_reward
     with tempfile.TemporaryDirectory() as tmp:
-        generator = train.make_generator(cfg, model, tokenizer, Path(tmp))
-    opt, sched = train.make_optimizer(cfg, model)  # constant schedule, no warmup
+        generator = make_generator(cfg, model, tokenizer, Path(tmp))
+    opt, sched = make_optimizer(cfg, model)  # constant schedule, no warmup
     rss_before = _reset_hwm()
     walls, users, rewards, tokens = [], [], [], []
     for step in range(o["warmup"] + o["steps"]):

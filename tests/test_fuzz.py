@@ -13,7 +13,7 @@ Anything else escaping the command is a traceback: a failure. The flags are read
 (troll.cli.Parser, captured on its first parse), so a new flag is fuzzed without a change here.
 
 Commands that would start real work are stopped where they start it: `Command.stop` names a line of the command's
-source (e.g. troll.train's `generator = make_generator(...)`, after the model, the data and the warm-start); reaching
+source (e.g. troll.start's `generator = make_generator(...)`, after the model, the data and the warm-start); reaching
 it counts as "got past the checks" (accepted), and the files written so far are not compared. A flag whose large
 values mean only a longer run (`bounded`) gets no huge valid values.
 
@@ -61,6 +61,7 @@ class Command:
     stop: tuple[str, ...] = ()  # source lines (unique text in the module) where real work starts: accepted
     bounded: frozenset[str] = frozenset()  # flags whose large values are only a longer run: no huge valid values
     also: str | None = None  # a module whose Config-style flags the command passes through (bench/step)
+    stop_in: str | None = None  # the module whose source holds the `stop` lines, if not the command's own
 
 
 TINY_RUN = ("--steps", "1", "--sft_steps", "0", "--eval_size", "2", "--prompts_per_step", "2",
@@ -81,6 +82,7 @@ COMMANDS = {
             "troll.train",
             base=TINY_RUN,
             stop=("generator = make_generator(cfg, model, tokenizer, run.out)",),
+            stop_in="troll.start",
             bounded=RUN_LENGTHS,
         ),  # fmt: skip
         Command(
@@ -232,7 +234,7 @@ class TooLong(BaseException):
 
 def stop_lines(command: Command) -> tuple[str, set[int]]:
     """The command's source file and the line numbers of its `stop` texts (each must occur once)."""
-    spec = importlib.util.find_spec(command.module)
+    spec = importlib.util.find_spec(command.stop_in or command.module)
     source = Path(spec.origin).read_text()
     lines = set()
     for text in command.stop:

@@ -24,7 +24,8 @@ from troll.policy import adapt, build_model
 from troll.project import project_dense, project_sparse
 from troll.rollout import Batch, Rollouts
 from troll.sparse import atom_kl, build_support, sparsify, support_kl
-from troll.train import make_optimizer, minibatches_of, old_policy, train, update
+from troll.start import make_optimizer
+from troll.train import minibatches_of, old_policy, train, update
 
 pytestmark = pytest.mark.gpu
 

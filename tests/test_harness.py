@@ -385,7 +385,7 @@ def test_a_failed_start_leaves_a_folder_the_same_command_starts_again(tmp_path, 
     def broken(*args, **kwargs):
         raise RuntimeError("the engine did not start")
 
-    monkeypatch.setattr("troll.train.make_generator", broken)
+    monkeypatch.setattr("troll.start.make_generator", broken)
     with pytest.raises(RuntimeError, match="did not start"):
         train(cfg)
     monkeypatch.undo()

@@ -90,7 +90,7 @@ def test_a_start_that_failed_after_writing_restarts_with_other_flags(tmp_path, m
     def broken(*args, **kwargs):
         raise RuntimeError("the engine did not start")
 
-    monkeypatch.setattr("troll.train.make_generator", broken)
+    monkeypatch.setattr("troll.start.make_generator", broken)
     with pytest.raises(RuntimeError, match="did not start"):
         train_in_process(dataclasses.replace(tiny(tmp_path, lora_rank=4), lr=1e-3))
     out = tmp_path / "run"

@@ -266,16 +266,16 @@ def test_plot_overlays_runs(tmp_path):
 
 
 def test_non_finite_gradient_skips_the_step(tmp_path, monkeypatch, varied_reward):
-    import troll.train as train_mod
+    import troll.start as start_mod
 
-    real_build = train_mod.build_model
+    real_build = start_mod.build_model
 
     def poisoned(*args, **kw):
         model, tok = real_build(*args, **kw)
         model.lm_head.weight.register_hook(lambda g: g * math.inf)
         return model, tok
 
-    monkeypatch.setattr(train_mod, "build_model", poisoned)
+    monkeypatch.setattr(start_mod, "build_model", poisoned)
     cfg = tiny(tmp_path)
     summary = train(cfg)
     assert summary["skipped_steps"] == cfg.steps * cfg.minibatches
@@ -372,14 +372,14 @@ def test_chunked_output_layer_runs_end_to_end(tmp_path, varied_reward):
 
 def one_step_setup(cfg: Config):
     """What train() builds before its loop, to call rl_step directly: model, tokenizer, task, generator, optimiser."""
-    import troll.train as train_mod
     from troll.rollout import HFGenerator
+    from troll.start import make_optimizer
     from troll.task import load_task
 
     torch.manual_seed(cfg.seed)
     model, tok = build_model(cfg, torch.device("cpu"))
     task, _ = load_task(cfg, tok)
-    opt, sched = train_mod.make_optimizer(cfg, model)
+    opt, sched = make_optimizer(cfg, model)
     return model, tok, task, HFGenerator(model, tok), opt, sched
 
 

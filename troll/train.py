@@ -22,9 +22,9 @@ One RL step (`rl_step`), with pi_theta the network, q the old policy it is ancho
 The projection replaces PPO's ratio clipping: the ratio is that of the projected policy, which is inside the trust
 region by construction and differentiable in theta. `--loss ppo_clip | dppo | cispo` swaps step 5's loss for a
 baseline; `--lora_rank r` trains LoRA adapters on a frozen base instead of every weight (troll.lora), with steps
-1-6 unchanged. Everything else lives beside this file: the run directory and resume (troll.harness), the task and its
-reward (troll.task), the settings (troll.config), measurements (troll.diagnostics); docs/algorithm.md derives the
-math and states every choice.
+1-6 unchanged. Everything else lives beside this file: the run's start, the optimiser and the rollout engine
+(troll.start), the run directory and resume (troll.harness), the task and its reward (troll.task), the settings
+(troll.config), measurements (troll.diagnostics); docs/algorithm.md derives the math and states every choice.
 """
 
 from __future__ import annotations
@@ -37,74 +37,28 @@ if __name__ == "__main__":  # parse the command line before importing torch: --h
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # OpenMP threads that spin slow a busy CPU down many times
     CLI_CONFIG = Config.from_args()
 
-import math
 import shlex
-import shutil
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from troll.advantages import advantages
 from troll.aggregate import aggregate_count
-from troll.checkpoint import save_base
 from troll.cli import run_command
 from troll.diagnostics import StepTimer, UpdateKL, step_row
-from troll.harness import Run, RunError, check_sources, starting
-from troll.lora import base_source, base_weights, check_targets, is_adapter_checkpoint, owns_base, unwrap
+from troll.harness import Run, check_sources, starting
 from troll.losses import LOSSES
 from troll.metrics import merge
-from troll.padding import check_vocab
-from troll.policy import adapt, build_model, rollout_logits
+from troll.policy import rollout_logits
 from troll.records import Recorder, due
-from troll.rollout import Batch, Generator, HFGenerator, Rollouts
+from troll.rollout import Batch, Generator, Rollouts
 from troll.sparse import SparseDist, cat_rows, sparsify, sparsify_topk
-from troll.task import Task, decode_rollouts, encode, evaluate, load_task
-from troll.warmstart import warm_start_task
+from troll.start import start
+from troll.task import Task, decode_rollouts, encode, evaluate
 
 LossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]  # the signature every loss in troll.losses has
-
-# ----------------------------------------------------------------------------- setup
-
-
-def make_generator(cfg: Config, model: Any, tokenizer: Any, out: Path) -> Generator:
-    """The rollout engine: the training model itself (hf), or a vLLM engine that follows its weights."""
-    if cfg.backend == "hf":  # rollout_dtype bfloat16: a bf16 copy samples, refreshed by every push
-        return HFGenerator(model, tokenizer, dtype=torch.bfloat16 if cfg.rollout_dtype == "bfloat16" else None)
-    from troll.vllm_engine import VLLMGenerator
-
-    auto_dtype = "bfloat16" if model.device.type == "cuda" else "float32"  # vLLM's usual dtype; CPU: the trainer's
-    init = out / "engine-init"  # the engine loads the base once from disk; every update is pushed in place
-    shutil.rmtree(init, ignore_errors=True)  # written again whole: no file of another model left in it
-    unwrap(model).save_pretrained(init, state_dict=base_weights(model))  # LoRA: the base, under its own names
-    tokenizer.save_pretrained(init)
-    engine = VLLMGenerator(
-        init,
-        tokenizer,
-        max_model_len=cfg.max_prompt_len + cfg.max_new_tokens,
-        max_top_k=cfg.k,
-        dtype=cfg.rollout_dtype if cfg.rollout_dtype != "auto" else auto_dtype,
-        seed=cfg.seed,
-        gpu_memory_utilization=cfg.vllm_gpu_memory,
-    )
-    engine.push_weights(model)
-    return engine
-
-
-def make_optimizer(cfg: Config, model: Any) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW and its schedule over all optimiser steps: linear warmup, then constant or cosine to 0."""
-    trained = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters; else every weight
-    opt = torch.optim.AdamW(trained, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    total = cfg.steps * cfg.epochs * cfg.minibatches
-
-    def factor(i: int) -> float:
-        warm = min(1.0, (i + 1) / max(cfg.warmup_steps, 1))
-        return warm * (0.5 * (1 + math.cos(math.pi * min(i / total, 1.0))) if cfg.lr_schedule == "cosine" else 1.0)
-
-    return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
-
 
 # ----------------------------------------------------------------------------- the pieces of one RL step
 
@@ -222,20 +176,9 @@ def update(
     return merge(unmeasured) | merge(parts), skipped
 
 
-def rl_step(
-    cfg: Config,
-    step: int,
-    model: Any,
-    tokenizer: Any,
-    generator: Generator,
-    opt: Any,
-    sched: Any,
-    task: Task,
-    pending: list[Batch] | None = None,
-    loss_fn: LossFn | None = None,
-    probe: UpdateKL | None = None,
-    recorder: Recorder | None = None,
-) -> dict:
+def rl_step(cfg: Config, step: int, model: Any, tokenizer: Any, generator: Generator, opt: Any, sched: Any, task: Task,
+            pending: list[Batch] | None = None, loss_fn: LossFn | None = None, probe: UpdateKL | None = None,
+            recorder: Recorder | None = None) -> dict:  # fmt: skip
     """One RL step (module docstring); returns its metrics row (troll.diagnostics.step_row). `pending` holds the
     batches sampled ahead of training (--staleness k: step s trains on batch s, sampled k steps earlier, by the
     weights of then). `loss_fn` (default LOSSES[cfg.loss]) is a seam for another loss or a timed one (bench/step.py);
@@ -270,60 +213,6 @@ def rl_step(
 
 
 # ----------------------------------------------------------------------------- the loop
-
-
-def check_start(cfg: Config, model: Any, tokenizer: Any, fresh: bool) -> None:
-    """What the model and the tokenizer decide about `cfg`, checked before the run writes anything: the tokenizer
-    fits the output layer, --kl_update_vocab can act, and a new LoRA run's every --lora_targets name matches a layer
-    (troll.lora.check_targets). A RunError names the setting."""
-    try:
-        check_vocab(len(tokenizer), unwrap(model).get_output_embeddings().weight.shape[0])
-        if fresh and cfg.lora_rank:
-            check_targets(model, cfg.lora_targets)
-    except ValueError as e:
-        raise RunError(f"--model {cfg.model}: {e}") from None
-    if 0 < cfg.kl_update_vocab < len(tokenizer):
-        raise RunError(
-            f"--kl_update_vocab {cfg.kl_update_vocab} is below the model's {len(tokenizer)}-token vocabulary, so the "
-            f"update-KL probe never runs: pass 0 (off) or at least {len(tokenizer)}"
-        )
-
-
-def start(run: Run, wrap_generator: Callable[[Generator], Generator] | None = None) -> tuple[Any, ...]:
-    """The run up to its first step: the model and the data, every check that needs them (nothing is written until
-    they pass), then the run folder claimed (troll.harness), the warm-start and LoRA adapters (a new run), the
-    optimiser, the rollout engine, and the step-0 evaluation and checkpoint (new) or the restored state (resumed).
-    Returns (model, tokenizer, task, generator, opt, sched)."""
-    cfg = run.cfg
-    source = f"--model {cfg.model}" if run.checkpoint is None else f"the checkpoint {run.checkpoint}"
-    if run.checkpoint is not None and is_adapter_checkpoint(run.checkpoint):
-        try:  # a resumed LoRA run's base: <out>/base, or the model it names
-            source += f" on its base {base_source(cfg, run.out)}"
-        except ValueError as e:
-            raise RunError(str(e)) from None
-    torch.manual_seed(cfg.seed)
-    with starting(f"loading {source}"):  # resumed LoRA: its adapters on the base
-        model, tokenizer = build_model(cfg, run.device, path=run.checkpoint)
-    try:
-        task, dropped = load_task(cfg, tokenizer)
-    except (OSError, ValueError) as e:  # all prompts too long, or the data unreadable
-        raise RunError(str(e)) from None
-    check_start(cfg, model, tokenizer, fresh=run.checkpoint is None)
-    run.claim()  # the run's first write
-    if run.checkpoint is None:
-        warm = warm_start_task(cfg, model, tokenizer, task) if cfg.sft_steps else {}
-        if cfg.lora_rank and owns_base(cfg):  # LoRA checkpoints hold adapters: the base they adapt is kept once
-            save_base(run.out, model, tokenizer)
-        model = adapt(cfg, model)  # full fine-tuning: the model itself; LoRA: new adapters on the frozen base
-    opt, sched = make_optimizer(cfg, model)
-    generator = make_generator(cfg, model, tokenizer, run.out)
-    generator = wrap_generator(generator) if wrap_generator else generator
-    if run.checkpoint is None:
-        extra = warm | {"dropped_prompts": dropped["train"], "dropped_test_prompts": dropped["test"]}
-        run.begin(*evaluate(generator, tokenizer, task, cfg.max_new_tokens), extra, model, tokenizer, opt, sched)
-    else:
-        run.restore(opt, sched)
-    return model, tokenizer, task, generator, opt, sched
 
 
 def train(

@@ -1,0 +1,124 @@
+"""A run up to its first RL step (troll.train's `start`): everything the loop needs, checked before anything is written.
+
+    model, tokenizer, task, generator, opt, sched = start(run)     # run: troll.harness.Run, opened on cfg.out
+
+In order: the model (or the checkpoint a resumed run continues from) and the task's data; every check that needs
+them (`check_start`: the tokenizer fits the output layer, --kl_update_vocab can act, a new LoRA run's targets match
+layers); only then the run folder claimed (troll.harness), and for a new run the supervised warm-start
+(troll.warmstart), the frozen base kept once (LoRA) and the adapters added (troll.lora); the optimiser
+(`make_optimizer`: AdamW over the trained weights, linear warmup, then constant or cosine to 0 over all optimiser
+steps); the rollout engine (`make_generator`: the training model itself, or a vLLM engine that loads the base from
+disk once and then follows every update in place); last, the step-0 evaluation and checkpoint of a new run, or the
+restored optimiser and schedule of a resumed one.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from troll.checkpoint import save_base
+from troll.config import Config
+from troll.harness import Run, RunError, starting
+from troll.lora import base_source, base_weights, check_targets, is_adapter_checkpoint, owns_base, unwrap
+from troll.padding import check_vocab
+from troll.policy import adapt, build_model
+from troll.rollout import Generator, HFGenerator
+from troll.task import evaluate, load_task
+from troll.warmstart import warm_start_task
+
+
+def make_generator(cfg: Config, model: Any, tokenizer: Any, out: Path) -> Generator:
+    """The rollout engine: the training model itself (hf), or a vLLM engine that follows its weights."""
+    if cfg.backend == "hf":  # rollout_dtype bfloat16: a bf16 copy samples, refreshed by every push
+        return HFGenerator(model, tokenizer, dtype=torch.bfloat16 if cfg.rollout_dtype == "bfloat16" else None)
+    from troll.vllm_engine import VLLMGenerator
+
+    auto_dtype = "bfloat16" if model.device.type == "cuda" else "float32"  # vLLM's usual dtype; CPU: the trainer's
+    init = out / "engine-init"  # the engine loads the base once from disk; every update is pushed in place
+    shutil.rmtree(init, ignore_errors=True)  # written again whole: no file of another model left in it
+    unwrap(model).save_pretrained(init, state_dict=base_weights(model))  # LoRA: the base, under its own names
+    tokenizer.save_pretrained(init)
+    engine = VLLMGenerator(
+        init,
+        tokenizer,
+        max_model_len=cfg.max_prompt_len + cfg.max_new_tokens,
+        max_top_k=cfg.k,
+        dtype=cfg.rollout_dtype if cfg.rollout_dtype != "auto" else auto_dtype,
+        seed=cfg.seed,
+        gpu_memory_utilization=cfg.vllm_gpu_memory,
+    )
+    engine.push_weights(model)
+    return engine
+
+
+def make_optimizer(cfg: Config, model: Any) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW and its schedule over all optimiser steps: linear warmup, then constant or cosine to 0."""
+    trained = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters; else every weight
+    opt = torch.optim.AdamW(trained, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    total = cfg.steps * cfg.epochs * cfg.minibatches
+
+    def factor(i: int) -> float:
+        warm = min(1.0, (i + 1) / max(cfg.warmup_steps, 1))
+        return warm * (0.5 * (1 + math.cos(math.pi * min(i / total, 1.0))) if cfg.lr_schedule == "cosine" else 1.0)
+
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+def check_start(cfg: Config, model: Any, tokenizer: Any, fresh: bool) -> None:
+    """What the model and the tokenizer decide about `cfg`, checked before the run writes anything: the tokenizer
+    fits the output layer, --kl_update_vocab can act, and a new LoRA run's every --lora_targets name matches a layer
+    (troll.lora.check_targets). A RunError names the setting."""
+    try:
+        check_vocab(len(tokenizer), unwrap(model).get_output_embeddings().weight.shape[0])
+        if fresh and cfg.lora_rank:
+            check_targets(model, cfg.lora_targets)
+    except ValueError as e:
+        raise RunError(f"--model {cfg.model}: {e}") from None
+    if 0 < cfg.kl_update_vocab < len(tokenizer):
+        raise RunError(
+            f"--kl_update_vocab {cfg.kl_update_vocab} is below the model's {len(tokenizer)}-token vocabulary, so the "
+            f"update-KL probe never runs: pass 0 (off) or at least {len(tokenizer)}"
+        )
+
+
+def start(run: Run, wrap_generator: Callable[[Generator], Generator] | None = None) -> tuple[Any, ...]:
+    """The run up to its first step: the model and the data, every check that needs them (nothing is written until
+    they pass), then the run folder claimed (troll.harness), the warm-start and LoRA adapters (a new run), the
+    optimiser, the rollout engine, and the step-0 evaluation and checkpoint (new) or the restored state (resumed).
+    Returns (model, tokenizer, task, generator, opt, sched)."""
+    cfg = run.cfg
+    source = f"--model {cfg.model}" if run.checkpoint is None else f"the checkpoint {run.checkpoint}"
+    if run.checkpoint is not None and is_adapter_checkpoint(run.checkpoint):
+        try:  # a resumed LoRA run's base: <out>/base, or the model it names
+            source += f" on its base {base_source(cfg, run.out)}"
+        except ValueError as e:
+            raise RunError(str(e)) from None
+    torch.manual_seed(cfg.seed)
+    with starting(f"loading {source}"):  # resumed LoRA: its adapters on the base
+        model, tokenizer = build_model(cfg, run.device, path=run.checkpoint)
+    try:
+        task, dropped = load_task(cfg, tokenizer)
+    except (OSError, ValueError) as e:  # all prompts too long, or the data unreadable
+        raise RunError(str(e)) from None
+    check_start(cfg, model, tokenizer, fresh=run.checkpoint is None)
+    run.claim()  # the run's first write
+    if run.checkpoint is None:
+        warm = warm_start_task(cfg, model, tokenizer, task) if cfg.sft_steps else {}
+        if cfg.lora_rank and owns_base(cfg):  # LoRA checkpoints hold adapters: the base they adapt is kept once
+            save_base(run.out, model, tokenizer)
+        model = adapt(cfg, model)  # full fine-tuning: the model itself; LoRA: new adapters on the frozen base
+    opt, sched = make_optimizer(cfg, model)
+    generator = make_generator(cfg, model, tokenizer, run.out)
+    generator = wrap_generator(generator) if wrap_generator else generator
+    if run.checkpoint is None:
+        extra = warm | {"dropped_prompts": dropped["train"], "dropped_test_prompts": dropped["test"]}
+        run.begin(*evaluate(generator, tokenizer, task, cfg.max_new_tokens), extra, model, tokenizer, opt, sched)
+    else:
+        run.restore(opt, sched)
+    return model, tokenizer, task, generator, opt, sched
