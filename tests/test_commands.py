@@ -352,3 +352,16 @@ def test_bench_step_times_the_textbook_clip_beside_ours():
     assert {"troll", "troll-paper", "clip", "textbook"} <= rows
     summary = res.stdout.splitlines()[-1]
     assert summary.startswith("SUMMARY step") and re.search(r"against the textbook clip \d+\.\d\dx", summary)
+
+
+def test_a_run_logged_to_a_file_has_no_bar_redraws_and_a_line_per_evaluation(tmp_path):
+    """stdout and stderr sent to files (a pipe here, as `> log 2>&1`): no progress bar draws (no carriage returns),
+    and every evaluation is one line with its step, so a log reads as the run went."""
+    res = command("-m", "troll.train", "--steps", "4", "--eval_every", "2", "--sft_steps", "3", "--eval_size", "4",
+                  "--prompts_per_step", "4", "--samples_per_prompt", "2", "--out", str(tmp_path / "run"))  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "\r" not in res.stdout + res.stderr and "it/s" not in res.stdout + res.stderr
+    evals = [line for line in res.stdout.splitlines() if line.startswith("step ")]
+    assert [line.split(":")[0] for line in evals] == ["step 2/4", "step 4/4"], res.stdout
+    assert all(re.fullmatch(r"step \d/4: eval \d\.\d{3}, reward \d\.\d\d, kl after projection max \d\.\d{3}", x)
+               for x in evals)  # fmt: skip

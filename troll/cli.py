@@ -131,6 +131,15 @@ def remembered_interrupts() -> Iterator[list[int]]:
         sys.unraisablehook = hook
 
 
+def bars_on_a_terminal_only() -> None:
+    """Progress bars draw on a terminal only: with stderr sent to a file, huggingface_hub's and transformers' bars
+    (model loading, "Writing model shards") are off, as troll's own are (tqdm's disable=None). They read
+    HF_HUB_DISABLE_PROGRESS_BARS when first imported, so a command calls this before importing them; a value the
+    environment sets is kept."""
+    if not sys.stderr.isatty():
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
 def quiet_interrupt(kind: type[BaseException], value: BaseException, tb: Any) -> None:
     """sys.excepthook once `run_command` has said a Ctrl-C: nothing more for the KeyboardInterrupt (no traceback),
     any other exception as Python prints it."""

@@ -386,7 +386,8 @@ class Run:
     def steps(self) -> Iterator[int]:
         print(f"eval before RL: {self.state['eval_before']:.3f}")
         start, total = self.state["step"], self.cfg.steps
-        self.bar = tqdm(range(start, total), desc=f"rl/{self.cfg.loss}", initial=start, total=total)
+        # a bar on a terminal only (disable=None): stderr sent to a file gets no redraws, a line per evaluation
+        self.bar = tqdm(range(start, total), desc=f"rl/{self.cfg.loss}", initial=start, total=total, disable=None)
         return iter(self.bar)
 
     def eval_due(self, step: int) -> bool:
@@ -417,6 +418,8 @@ class Run:
             s["eval_after"] = acc
             if acc > s["eval_best"]:
                 s["eval_best"], s["eval_best_step"] = acc, step + 1
+            tqdm.write(f"step {step + 1}/{self.cfg.steps}: eval {acc:.3f}, reward {row['reward']:.2f}, "
+                       f"kl after projection max {row['kl_after_max']:.3f}")  # fmt: skip
         self._log(rows, samples)
         unconverged = row.get("dual_frac_unconverged", 0.0)
         self.bar.set_postfix(

@@ -290,7 +290,7 @@ class HFGenerator:
         check_request(prompts, 1, max_new_tokens, 1.0, 0, self.vocab_size, self.max_model_len)
         out: list[list[int]] = []
         batches = range(0, len(prompts), self.greedy_batch)
-        for i in tqdm(batches, desc="greedy", leave=False, disable=len(batches) < 2):
+        for i in tqdm(batches, desc="greedy", leave=False, disable=True if len(batches) < 2 else None):  # a terminal
             config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens)
             seqs, P = self._generate(prompts[i : i + self.greedy_batch], config, seed=None)
             comp = seqs[:, P:].cpu()

@@ -31,10 +31,12 @@ from __future__ import annotations
 
 import os
 
+from troll.cli import bars_on_a_terminal_only
 from troll.config import Config
 
 if __name__ == "__main__":  # parse the command line before importing torch: --help and bad flags answer at once
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # OpenMP threads that spin slow a busy CPU down many times
+    bars_on_a_terminal_only()  # a log file gets lines, not bar redraws
     CLI_CONFIG = Config.from_args()
 
 import shlex

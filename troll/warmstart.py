@@ -96,7 +96,7 @@ def warm_start(
     gen = torch.Generator().manual_seed(seed)
     probe_batch = answer_batch(tokenizer, rows[:probe], prompt)
     loss, done = math.nan, 0
-    bar = tqdm(range(steps), desc="sft", leave=False)
+    bar = tqdm(range(steps), desc="sft", leave=False, disable=None)  # a bar on a terminal only
     for _ in bar:
         done += 1  # counted, not the loop variable: it is read after the loop
         drawn = [rows[i] for i in torch.randint(len(rows), (batch,), generator=gen).tolist()]
