@@ -369,7 +369,7 @@ NOT_SETTINGS = ("out", "resume")  # where and how a run is started, not what it 
 # cap, so it takes today's default and compares equal to the same run made now (`with_added`).
 ADDED = {
     "vocab_size": 0, "lora_rank": 0, "lora_alpha": 32.0, "lora_targets": "all-linear", "dppo_cap": 2.0,
-    "sft_probe": 1024,
+    "sft_probe": 1024, "compile_head": False,
 }  # fmt: skip
 
 
