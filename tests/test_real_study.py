@@ -244,3 +244,15 @@ def test_a_tiny_study_end_to_end_shares_warm_starts_picks_the_best_and_reports(t
     real.main(["--report", "--results", str(results)])
     assert "troll at lr" in capsys.readouterr().out
     assert "(steps)" in refused([*argv[:8], "--steps", "2", *argv[10:]], capsys)
+
+
+def test_the_committed_study_reads_through_its_schema_and_reports_what_the_docs_say(capsys):
+    """study/real.jsonl, the study docs/results.md reports: its 8 rows read through the study's checks, and the
+    report gives the figures quoted there (the paired difference, its interval, the verdict)."""
+    path = Path(__file__).resolve().parents[1] / "study" / "real.jsonl"
+    real.main(["--report", "--results", str(path)])
+    out = capsys.readouterr().out
+    assert "| troll | 1e-05 (best) | 0,1,2 | 0.437 | 0.447 | +0.010 | 1/3 |" in out
+    assert "| ppo_clip | 1e-05 (best) | 0,1,2 | 0.437 | 0.420 | -0.017 | 2/3 |" in out
+    assert "3 seeds: 0.447 - 0.420 = +0.027 ± 0.288: the interval contains 0: noise" in out
+    assert len(path.read_text().splitlines()) == 8
