@@ -214,7 +214,7 @@ class _GatherLogprobs(torch.autograd.Function):
         head = None if weight is None else LMHead(x, weight, bias, ctx.temp, ctx.vocab)
         n, v = x.shape[0], (x.shape[-1] if weight is None else weight.shape[0])
         work = torch.empty(min(ctx.per, n), v, dtype=dt, device=x.device)
-        direct = weight is None and x.dtype == dt  # write dL/dx straight into the gradient's rows
+        direct = weight is None and x.dtype == dt and not ctx.fused  # dL/dx straight into the gradient's rows
         grad_x = torch.empty_like(x) if weight is None else torch.empty(x.shape, dtype=dt, device=x.device)
         # a frozen output layer (LoRA's) gets no [V, H] gradient: neither its memory nor its matmul
         grad_w = torch.zeros(weight.shape, dtype=dt, device=x.device) if ctx.needs_input_grad[1] else None
@@ -227,7 +227,6 @@ class _GatherLogprobs(torch.autograd.Function):
             at_s = torch.where(live[r], at_s, at_s[:, :1])  # masked slots repeat slot 0: write the same value
             if ctx.fused:
                 gc = compiled(chunk_grad)(xc, base[r], coef[r], idx[r], at_s)
-                direct = False
             else:
                 out = grad_x[r] if direct else work[: xc.shape[0]]
                 gc = torch.sub(xc, base[r, None], out=out).exp_().mul_(coef[r, None]).scatter_(-1, idx[r], at_s)
