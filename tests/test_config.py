@@ -363,8 +363,9 @@ def test_a_config_saved_before_vocab_size_existed_ran_with_its_added_value(tmp_p
     assert ADDED == {
         "vocab_size": 0, "lora_rank": 0, "lora_alpha": 32.0, "lora_targets": "all-linear", "dppo_cap": 2.0,
         "sft_probe": 1024,  # every warm-start before the setting probed 1,024 training problems
+        "compile_head": False,  # every run before the setting took the eager output layer
     }  # fmt: skip
-    for name in ("lora_rank", "lora_alpha", "lora_targets", "sft_probe"):  # before LoRA: every weight trained
+    for name in ("lora_rank", "lora_alpha", "lora_targets", "sft_probe", "compile_head"):  # before LoRA: all trained
         del saved[name]
     path.write_text(json.dumps(saved))
     assert Config.load(path) == Config()
