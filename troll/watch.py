@@ -192,7 +192,7 @@ def compare_updates(cfg: Config, rec: Recorder, repeats: int) -> dict[str, Any]:
     clip's (`textbook_clip`: whole logits, `logits_chunk` 0) on the run's last rollouts and trained model,
     interleaved forward then reversed per repeat after one untimed warm-up update of each, with plain SGD at
     learning rate 0 (the weights stay as they are; all pay the same step). Mean seconds per update and, on CUDA, the
-    highest peak of memory allocated during an update above what was allocated before it (None on CPU).
+    highest peak of memory allocated during a timed update above what was allocated before it (None on CPU).
     Advantages alternate +1 / -1 (a random model's rewards are mostly 0, which would make every advantage 0). The
     textbook clip is timed only per token with on-policy data (its `level`, `is_correction`); else None."""
     from troll.train import old_policy, update
@@ -225,9 +225,9 @@ def compare_updates(cfg: Config, rec: Recorder, repeats: int) -> dict[str, Any]:
             update(c, model, opt, sched, batch, old, minibatches, loss_fn)
             if cuda:
                 torch.cuda.synchronize()
-                peaks[name] = max(peaks[name], torch.cuda.max_memory_allocated() - before)
-            if r:
+            if r:  # the timed rounds (the warm-up's compilation and first allocations not counted)
                 times[name].append(time.perf_counter() - t0)
+                peaks[name] = max(peaks[name], torch.cuda.max_memory_allocated() - before) if cuda else 0
     mean = {name: sum(v) / len(v) for name, v in times.items()}
     out = {f"{name}_s": mean.get(name) for name in UPDATES}
     out |= {f"{name}_peak_bytes": peaks.get(name) if cuda else None for name in UPDATES}
