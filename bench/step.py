@@ -101,8 +101,8 @@ class PhaseClock:
             setattr(train, phase, self.timed(getattr(train, phase), phase))
         generator.generate = self.timed(generator.generate, "generate")
         generator.push_weights = self.timed(generator.push_weights, "sync")
-        losses = {name: LOSSES[v["loss"]] for name, v in VARIANTS.items()} | {"textbook": textbook_clip}
-        self.losses = {name: self.timed(fn, "loss") for name, fn in losses.items()}
+        loss = {name: textbook_clip if name == "textbook" else LOSSES[v["loss"]] for name, v in VARIANTS.items()}
+        self.losses = {name: self.timed(fn, "loss") for name, fn in loss.items()}
 
     def clear(self) -> None:
         self.cpu.clear()

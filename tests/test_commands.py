@@ -363,5 +363,5 @@ def test_a_run_logged_to_a_file_has_no_bar_redraws_and_a_line_per_evaluation(tmp
     assert "\r" not in res.stdout + res.stderr and "it/s" not in res.stdout + res.stderr
     evals = [line for line in res.stdout.splitlines() if line.startswith("step ")]
     assert [line.split(":")[0] for line in evals] == ["step 2/4", "step 4/4"], res.stdout
-    assert all(re.fullmatch(r"step \d/4: eval \d\.\d{3}, reward \d\.\d\d, kl after projection max \d\.\d{3}", x)
+    assert all(re.fullmatch(r"step \d/4: eval \d\.\d{3}, reward \d\.\d\d, kl max \d\.\d{3}", x)
                for x in evals)  # fmt: skip

@@ -418,8 +418,9 @@ class Run:
             s["eval_after"] = acc
             if acc > s["eval_best"]:
                 s["eval_best"], s["eval_best_step"] = acc, step + 1
+            # kl: the largest KL to q of the policy the loss weighs, pi* under TROLL, p itself under the baselines
             tqdm.write(f"step {step + 1}/{self.cfg.steps}: eval {acc:.3f}, reward {row['reward']:.2f}, "
-                       f"kl after projection max {row['kl_after_max']:.3f}")  # fmt: skip
+                       f"kl max {row['kl_after_max']:.3f}")  # fmt: skip
         self._log(rows, samples)
         unconverged = row.get("dual_frac_unconverged", 0.0)
         self.bar.set_postfix(
