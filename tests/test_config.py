@@ -278,6 +278,8 @@ BAD_SAVED = [
     ({"model": 3}, "model must be str, got int 3"),
     ({"eps": -1}, "eps must be > 0"),
     ({"loss": "clip"}, "loss='clip' is not one of"),
+    ({"level": ["token"]}, "level must be str, got list ['token']"),  # not hashed on the way (once a TypeError)
+    ({"level": "tokens"}, "level='tokens' is not one of token, sequence"),
 ]
 
 

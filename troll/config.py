@@ -205,10 +205,13 @@ class Config:
     )
 
     def __post_init__(self) -> None:
-        low, high = CLIP_RANGE[self.level] if self.level in CLIP_RANGE else (None, None)
+        # a level that is not one (a typo, a list in a config.json: compared, never hashed) is refused by `check`,
+        # naming level, not the clip range it leaves unset
+        level = self.level if self.level in tuple(CLIP_RANGE) else "token"
+        low, high = CLIP_RANGE[level]
         self.clip_low = low if self.clip_low is None else self.clip_low  # unset: the level's range, once
         self.clip_high = high if self.clip_high is None else self.clip_high
-        self.agg = DEFAULT_AGG.get(self.level, "token-mean") if self.agg is None else self.agg  # the same, once
+        self.agg = DEFAULT_AGG[level] if self.agg is None else self.agg  # the same, once
         problems = check(self)
         if problems:
             raise ValueError("invalid config: " + "; ".join(problems))
@@ -218,19 +221,17 @@ class Config:
         """Parse flags (module docstring); any invalid value is an argparse error: one line (troll.cli.Parser), exit
         2, before any work. `prog` names the command in that line (bench/step.py passes its own flags through)."""
         parser = cls.parser(prog)
-        args = parser.parse_args(argv)
-        overrides = {name: value for name, value in vars(args).items() if name != "preset"}  # the flags given
+        overrides = vars(parser.parse_args(argv))  # the flags given (a flag not given is absent), and --preset
+        preset = overrides.pop("preset")
         try:
-            preset = PRESETS[args.preset or "tiny-cpu"]
             if not overrides.get("resume"):  # made once from preset and flags: unset clip range, agg follow the level
-                cfg = cls(**(preset | overrides))
+                cfg = cls(**(PRESETS[preset or "tiny-cpu"] | overrides))
             else:
-                if args.preset:
+                if preset:
                     parser.error("--preset with --resume: a resumed run keeps the settings in its config.json")
                 cfg = cls.resumed(Path(overrides.get("out", cls().out)))
-                given = {k: v for k, v in overrides.items() if k not in NOT_SETTINGS}  # the flags, nothing filled in
-                fixed = [f"--{k} (the run has {getattr(cfg, k)!r})" for k, v in given.items()
-                         if k not in RESUME_CHANGEABLE and v != getattr(cfg, k)]  # fmt: skip
+                fixed = [f"--{k} (the run has {getattr(cfg, k)!r})" for k, v in overrides.items()  # the flags given
+                         if k not in NOT_SETTINGS + RESUME_CHANGEABLE and v != getattr(cfg, k)]  # fmt: skip
                 if fixed:
                     parser.error(f"cannot change on resume: {', '.join(fixed)}; start a new run to change them")
                 cfg = dataclasses.replace(cfg, **overrides)
@@ -261,18 +262,17 @@ class Config:
         )
         types = field_types(cls)
         for f in fields(cls):
-            if types[f.name] not in PARSERS:
-                raise TypeError(f"config field {f.name}: unsupported type {types[f.name]} (bool, int, float, str)")
-            default = "unset" if f.default is None else f.default
-            default = str(default).lower() if isinstance(default, bool) else default
-            text = f.metadata.get("help", "").replace("%", "%%")  # argparse formats help with %
+            tp = types[f.name]
+            if tp not in PARSERS:
+                raise TypeError(f"config field {f.name}: unsupported type {tp} (bool, int, float, str)")
+            default = "unset" if f.default is None else str(f.default).lower() if tp is bool else f.default
             parser.add_argument(
                 f"--{f.name}",
-                type=f.metadata.get("parse") or PARSERS[types[f.name]],
-                choices=f.metadata.get("choices"),
-                metavar="{true,false}" if types[f.name] is bool else None,
+                type=f.metadata["parse"] or PARSERS[tp],
+                choices=f.metadata["choices"],
+                metavar="{true,false}" if tp is bool else None,
                 default=argparse.SUPPRESS,  # a flag not given is absent, so the preset's value stays
-                help=f"{text}; default: {default}" if text else f"default: {default}",
+                help=f"{f.metadata['help']}; default: {default}".replace("%", "%%"),  # argparse formats help with %
             )
         return parser
 
@@ -375,19 +375,19 @@ ADDED = {
 
 # Fields that change nothing the run computes (troll.records only watches it): a config without them takes today's
 # defaults, and compares equal to the same run made now
-OBSERVING = {"records_samples": 4, "records_every": 0}
+OBSERVING = {f.name: f.default for f in fields(Config) if f.name in ("records_samples", "records_every")}
 
 
-def with_added(fields: dict[str, Any]) -> dict[str, Any]:
-    """`fields` (a saved config or results row's) with each field of ADDED it lacks at the value it ran with."""
-    added = ADDED if fields.get("loss") == "dppo" else ADDED | {"dppo_cap": DPPO_CAP}
-    return added | OBSERVING | fields
+def with_added(saved: dict[str, Any]) -> dict[str, Any]:
+    """`saved` (a saved config or results row's fields) with each field of ADDED it lacks at the value it ran with."""
+    added = ADDED if saved.get("loss") == "dppo" else ADDED | {"dppo_cap": DPPO_CAP}
+    return added | OBSERVING | saved
 
 
-def settings(fields: dict[str, Any]) -> dict[str, Any]:
+def settings(saved: dict[str, Any]) -> dict[str, Any]:
     """A config's fields (a dict, e.g. a saved config.json) less where and how the run was started: what it is;
     a field in ADDED that it lacks has the value it ran with."""
-    return {k: v for k, v in with_added(fields).items() if k not in NOT_SETTINGS}
+    return {k: v for k, v in with_added(saved).items() if k not in NOT_SETTINGS}
 
 
 # What may differ when a run is resumed (troll.harness applies and records it); every other field is the run's.
@@ -409,16 +409,16 @@ def check(cfg: Config) -> list[str]:
     cannot run."""
     types = field_types(type(cfg))
     wrong = [
-        f"{f.name} must be {types[f.name].__name__}, got {type(v).__name__} {v!r}"
-        for f in fields(cfg)
-        if not _fits(v := getattr(cfg, f.name), types[f.name])
+        f"{name} must be {tp.__name__}, got {type(v).__name__} {v!r}"
+        for name, tp in types.items()
+        if not _fits(v := getattr(cfg, name), tp)
     ]
     if wrong:  # the checks below assume the types
         return wrong
     problems = [
         f"{f.name}={getattr(cfg, f.name)!r} is not one of {', '.join(f.metadata['choices'])}"
         for f in fields(cfg)
-        if f.metadata.get("choices") and getattr(cfg, f.name) not in f.metadata["choices"]
+        if f.metadata["choices"] and getattr(cfg, f.name) not in f.metadata["choices"]
     ]
 
     def need(holds: bool, text: str) -> None:
@@ -432,13 +432,12 @@ def check(cfg: Config) -> list[str]:
     need(0 <= cfg.delta < 1, f"delta must be in [0, 1), got {cfg.delta}")
     need(0 <= cfg.clip_low < 1, f"clip_low must be in [0, 1), got {cfg.clip_low}")
     need(0 <= cfg.sft_target <= 1, f"sft_target must be in [0, 1], got {cfg.sft_target}")
-    need(cfg.sft_probe >= 1, f"sft_probe must be >= 1, got {cfg.sft_probe}")
     need(1 <= cfg.is_cap < math.inf, f"is_cap must be >= 1 and finite, got {cfg.is_cap}")
     need(1 <= cfg.dppo_cap < math.inf, f"dppo_cap must be >= 1 and finite, got {cfg.dppo_cap}")
     need(0 < cfg.vllm_gpu_memory <= 1, f"vllm_gpu_memory must be in (0, 1], got {cfg.vllm_gpu_memory}")
     zero_ok = "micro_batch_tokens logits_chunk warmup_steps sft_steps eval_size samples_to_log kl_update_vocab seed"
     zero_ok += " staleness vocab_size lora_rank records_samples records_every"
-    for name in (f.name for f in fields(cfg) if types[f.name] is int):  # counts: >= 1, or >= 0 where 0 is allowed
+    for name in (name for name, tp in types.items() if tp is int):  # counts: >= 1, or >= 0 where 0 is allowed
         low = 0 if name in zero_ok.split() else 1
         need(getattr(cfg, name) >= low, f"{name} must be >= {low}, got {getattr(cfg, name)}")
     samples = cfg.prompts_per_step * cfg.samples_per_prompt
@@ -470,9 +469,8 @@ def check(cfg: Config) -> list[str]:
         cfg.lora_rank == 0 or cfg.lora_alpha > 0,
         "lora_alpha=0 scales the adapters' update (alpha / rank) B A by 0: every update is zero; use alpha > 0",
     )
-    need(bool(cfg.model.strip()), "model must not be empty")
-    need(bool(cfg.data.strip()), "data must not be empty")
-    need(bool(cfg.out.strip()), "out must not be empty")
+    for name in ("model", "data", "out"):
+        need(bool(getattr(cfg, name).strip()), f"{name} must not be empty")
     return problems
 
 
@@ -509,7 +507,7 @@ def inert(cfg: Config, given: set[str]) -> list[str]:
     makes it act (ACTS_ONLY); empty when every flag given acts. A preset's values and the defaults are never in
     `given`: only what the user asked for is refused."""
     problems = []
-    for name in sorted(given & set(ACTS_ONLY)):
+    for name in sorted(given & ACTS_ONLY.keys()):
         switch, acts, when = ACTS_ONLY[name]
         value = getattr(cfg, switch)
         if not acts(value):
