@@ -106,7 +106,7 @@ def test_records_match_a_dense_float64_computation_and_leave_the_loss_alone(loss
         i, a = s["index"], float(batch.adv[s["index"]])
         n = int(ro.completion_mask[i].sum())
         assert len(s["text"]) == n and s["adv"] == pytest.approx(a, rel=1e-3)
-        assert s["p_after"] == [None] * n  # `after` not called: unknown, not made up
+        assert s["p_after"] == s["p_before"] == [None] * n  # no model given, `after` not called: unknown, not made up
         for t in range(n):
             y = int(ro.completion_ids[i, t])
             lp, lq = torch.log_softmax(p_logits[i, t], -1), torch.log_softmax(q_logits[i, t], -1)
@@ -114,9 +114,9 @@ def test_records_match_a_dense_float64_computation_and_leave_the_loss_alone(loss
             r = math.exp(float(lp[y] - lq[y]))
             assert s["text"][t] == chr(ord("a") + y)
             assert close(s["q"][t], math.exp(float(lq[y]))) and close(s["p"][t], math.exp(float(lp[y])))
-            assert close(s["kl"][t], kl) and s["projected"][t] == int(kl > 0.05)
-            assert close(s["ratio"][t], r)
-            assert close(s["ratio_proj"][t], dense_projected_ratio(lp, lq, y, 0.05))
+            assert abs(s["kl"][t] - kl) <= 1e-12 and s["projected"][t] == int(kl > 0.05)  # exact: float64 in, kept
+            assert s["log_ratio"][t] == pytest.approx(math.log(r), abs=1e-12)
+            assert close(math.exp(s["log_ratio_proj"][t]), dense_projected_ratio(lp, lq, y, 0.05))
             assert s["clipped"][t] == int((a > 0 and r > 1.28) or (a < 0 and r < 0.8))
             seen["projected" if kl > 0.05 else "inside"] += 1
             seen["clipped"] += s["clipped"][t]
@@ -146,23 +146,37 @@ def test_a_sample_trained_twice_is_recorded_as_its_last_pass_saw_it():
         assert close(s["p"][0], float(torch.softmax(logits, -1)[y]))
 
 
-def test_sequence_level_clip_reads_the_responses_ratio():
-    """Under --level sequence PPO-clip clips GSPO's sequence ratio: every token of a response is cut or none."""
+@pytest.mark.parametrize("scale", [1.0, 2e-3])
+def test_sequence_level_clip_reads_the_responses_ratio_and_re_derives_from_the_file(scale):
+    """Under --level sequence PPO-clip clips GSPO's sequence ratio: every token of a response is cut or none; the
+    flags re-derive exactly from the stored log-ratios, at GSPO's 3e-4 clip range too (scale 2e-3: sequence ratios
+    within 1e-3 of 1, some inside the range and some out)."""
     cfg = cfg_of(level="sequence", clip_low=3e-4, clip_high=4e-4, records_samples=6)
     batch, q_logits = batch_of()
     ro = batch.ro
     old = sparsify(q_logits.reshape(-1, V), ro.completion_ids.reshape(-1), k=V, delta=0.0)
-    p_logits = q_logits + torch.randn(B, T, V, generator=torch.Generator().manual_seed(2), dtype=f64)
+    noise = torch.randn(B, T, V, generator=torch.Generator().manual_seed(2), dtype=f64)
+    p_logits = q_logits + scale * noise
     rec = records.Recorder(cfg, Tokenizer(), step=0)
     wrapped = rec.watch(LOSSES["ppo_clip"], batch, [torch.arange(B)])
     for rows in ro.micro_batches(cfg.micro_batch_tokens, torch.arange(B)):
         wrapped(p_logits[rows], ro.completion_ids[rows], ro.completion_mask[rows], batch.adv[rows],
                 old.samples(rows, T), level="sequence")  # fmt: skip
-    for s in rec.row()["samples"]:
-        a = float(batch.adv[s["index"]])
-        seq = math.exp(sum(math.log(r) for r in s["ratio"]) / len(s["ratio"]))
+    row = json.loads(json.dumps(rec.row()))  # as the file holds it
+    flags = set()
+    for s in row["samples"]:
+        a, n = float(batch.adv[s["index"]]), len(s["text"])
+        lp = torch.log_softmax(p_logits[s["index"], :n], -1)
+        lq = torch.log_softmax(q_logits[s["index"], :n], -1)
+        y = ro.completion_ids[s["index"], :n, None]
+        truth = math.exp(float((lp.gather(-1, y) - lq.gather(-1, y)).mean()))  # GSPO's ratio, dense float64
+        seq = math.exp(math.fsum(s["log_ratio"]) / n)  # from the file alone
+        assert seq == pytest.approx(truth, rel=1e-14)
         want = int((a > 0 and seq > 1 + 4e-4) or (a < 0 and seq < 1 - 3e-4))
-        assert s["clipped"] == [want] * len(s["ratio"])
+        assert s["clipped"] == [want] * n
+        flags |= {(want, a > 0)} if a else set()
+    if scale < 1:
+        assert {f for f, _ in flags} == {0, 1}, flags  # both sides of the 3e-4 range occur
 
 
 def test_which_samples_and_steps_are_recorded():
@@ -180,17 +194,20 @@ def test_a_row_stays_within_its_byte_bound():
     worst = -1.234e-100
     sample = {"index": 10**6, "adv": worst, "reward": worst, "prompt": "\u2603" * records.PROMPT_CHARS}
     sample |= {"text": ["\u2603" * records.TEXT_CHARS] * 3, "projected": [1] * 3, "clipped": [1] * 3}
-    sample |= {k: [worst] * 3 for k in ("q", "p", "p_after", "kl", "ratio", "ratio_proj")}
+    sample |= {k: [worst] * 3 for k in ("q", "p_before", "p", "p_after")}
+    sample |= {k: [-1.2345678901234567e-100] * 3 for k in ("kl", "log_ratio", "log_ratio_proj")}  # exact: longest
     row = {"step": 10**6, "loss": "ppo_clip", "eps": worst, "clip_low": worst, "clip_high": worst,
            "level": "sequence", "samples": [sample] * 2}  # fmt: skip
     assert len((json.dumps(row) + "\n").encode()) <= records.row_bytes_bound(cfg)
     assert records.fig(1 / 3) == 0.3333 and records.fig(float("nan")) is None and records.fig(math.inf) is None
+    assert records.exact(1 / 3) == 1 / 3 and records.exact(-math.inf) is None
 
 
 def good_row(step=1):
     sample = {"index": 0, "adv": 1.0, "reward": 1.0, "prompt": "1+2=", "text": ["3", "#"], "q": [0.5, 0.01],
-              "p": [0.5, 0.02], "p_after": [0.6, 0.03], "kl": [0.0, 0.07], "projected": [0, 1], "ratio": [1.0, 2.0],
-              "ratio_proj": [1.0, 1.5], "clipped": [0, 1]}  # fmt: skip
+              "p_before": [0.5, 0.015], "p": [0.5, 0.02], "p_after": [0.6, 0.03], "kl": [0.0, 0.07],
+              "projected": [0, 1], "log_ratio": [0.0, math.log(2.0)], "log_ratio_proj": [0.0, math.log(1.5)],
+              "clipped": [0, 1]}  # fmt: skip
     return {"step": step, "loss": "troll", "eps": 0.05, "clip_low": 0.2, "clip_high": 0.2, "level": "token",
             "samples": [sample]}  # fmt: skip
 
@@ -222,7 +239,8 @@ def line_of(row: dict) -> str:
         # ranges, flags, choices, non-finite numbers, unknown fields; the line counted in the file, blank ones too
         (line_of(sample_with(q=[0.5, 1.2])), "line 1: samples[0].q[1] is 1.2, expected a number in [0, 1] or null"),
         (line_of(sample_with(projected=[0, True])), "line 1: samples[0].projected[1] is true, expected 0 or 1"),
-        (line_of(sample_with(ratio=[1.0, -2.0])), "line 1: samples[0].ratio[1] is -2.0, expected a number >= 0"),
+        (line_of(sample_with(p_before=[1.0, -2.0])), "line 1: samples[0].p_before[1] is -2.0, expected a number in"),
+        (line_of(sample_with(ratio=[1.0, 2.0])), "line 1: samples[0].ratio is not a field of tokens.jsonl (version 2)"),
         (line_of(good_row()).replace('"adv": 1.0', '"adv": NaN'), "line 1: samples[0].adv is NaN"),
         (line_of(good_row()).replace('"reward": 1.0', '"reward": 1' + "0" * 400), "line 1: samples[0].reward is 1000"),
         (line_of(good_row() | {"level": "word"}), 'line 1: level is "word", expected one of "token", "sequence"'),
@@ -244,12 +262,14 @@ def test_missing_or_damaged_records_are_one_usage_error_naming_the_file_line_and
 
 def test_the_schema_declares_every_field_the_recorder_writes_and_reads_a_good_row(tmp_path):
     assert records.ROW_KEYS == ("step", "loss", "eps", "clip_low", "clip_high", "level", "samples")
-    assert records.FIELDS == ("text", "q", "p", "p_after", "kl", "projected", "ratio", "ratio_proj", "clipped")
-    assert set(good_row()["samples"][0]) == set(records.SAMPLE) and set(good_row()) == set(records.ROW)
+    assert records.FIELDS == ("text", "q", "p_before", "p", "p_after", "kl", "projected", "log_ratio", "log_ratio_proj",
+                              "clipped")  # fmt: skip
+    assert set(good_row()["samples"][0]) == set(records.SAMPLE_KEYS) and set(good_row()) == set(records.ROW)
     assert records.row_problem(good_row()) is None and records.row_problem(sample_with(p_after=[None, None])) is None
     assert [records.SAMPLE[k].wants() for k in ("q", "projected", "index")] == [
         "a number in [0, 1] or null", "0 or 1", "an integer >= 0"]  # fmt: skip
     assert all(spec.since <= records.VERSION for spec in (*records.ROW.values(), *records.SAMPLE.values()))
+    assert records.cut(1.0, [0.0, math.log(2.0)], "token", 0.2, 0.2) == good_row()["samples"][0]["clipped"]
     empty = sample_with(**dict.fromkeys(records.FIELDS, []))
     (tmp_path / records.FILE).write_text("\n" + line_of(good_row(1)) + line_of(empty))
     assert [len(r["samples"][0]["text"]) for r in records.read(tmp_path)] == [2, 0]  # an empty completion is whole
@@ -258,3 +278,13 @@ def test_the_schema_declares_every_field_the_recorder_writes_and_reads_a_good_ro
 def test_a_torn_last_line_is_skipped_as_resume_drops_it(tmp_path):
     (tmp_path / records.FILE).write_text(json.dumps(good_row(1)) + "\n" + json.dumps(good_row(2))[:50])
     assert [r["step"] for r in records.read(tmp_path)] == [1]
+
+
+def test_a_version_1_file_reads_in_the_newest_fields(tmp_path):
+    """Version 1 stored the ratios (4 digits) and no p before the update: read as log-ratios, p_before unknown."""
+    v1 = {k: v for k, v in good_row()["samples"][0].items() if k not in ("p_before", "log_ratio", "log_ratio_proj")}
+    v1 |= {"ratio": [1.0, 2.0], "ratio_proj": [1.0, 1.5]}
+    (tmp_path / records.FILE).write_text(line_of(good_row() | {"samples": [v1]}))
+    [row] = records.read(tmp_path)
+    assert row == good_row() | {"samples": [good_row()["samples"][0] | {"p_before": [None, None]}]}
+    assert records.row_problem(row) is None  # what the reader returns is a newest-version row

@@ -4,32 +4,40 @@ At the steps that are due (`due`: every `records_every` RL steps, or with 0 at t
 included) the run writes one row to `<out>/tokens.jsonl` for `records_samples` of the step's samples (`pick`: half
 with the highest advantage, the rest with the lowest; ties to the lower index), each completion token with
 
-    text        the token's text (tokenizer.decode of the one id, at most TEXT_CHARS characters)
-    q           q(y): the old policy the trust region is anchored to (the recomputed network, or the sampler)
-    p           p(y): the network at the minibatch pass that trained the sample (the last epoch's), as the loss saw it
-    p_after     p(y): the network after the step's whole update
-    kl          KL(p || q) before the projection, on the run's sparse support (what the projection compares to eps)
-    projected   1 where kl > eps: the projection moved the token
-    ratio       p(y) / q(y), the raw ratio
-    ratio_proj  pi*(y) / q(y), the ratio of the projected policy (= ratio where not projected)
-    clipped     1 where PPO-clip at the run's range would have cut the token's gradient: A > 0 and r > 1 + clip_high,
-                or A < 0 and r < 1 - clip_low (r: the token's ratio; with --level sequence the response's GSPO ratio
-                exp(mean_t log r_t))
+    text            the token's text (tokenizer.decode of the one id, at most TEXT_CHARS characters)
+    q               q(y): the old policy the trust region is anchored to (the recomputed network, or the sampler)
+    p_before        p(y): the network before the step's update
+    p               p(y): the network at the minibatch pass that trained the sample (the last epoch's), as the loss
+                    saw it
+    p_after         p(y): the network after the step's whole update
+    kl              KL(p || q) in nats at this position: over all next-token candidates (the run's sparse support),
+                    before the projection, which compares it to eps
+    projected       1 where kl > eps: the projection moved the position
+    log_ratio       log p(y) - log q(y), the raw log-ratio
+    log_ratio_proj  log pi*(y) - log q(y), the projected policy's (= log_ratio where not projected)
+    clipped         1 where PPO-clip at the run's range cuts the token's gradient (`cut`): A > 0 and r > 1 + clip_high,
+                    or A < 0 and r < 1 - clip_low, r = exp(log_ratio), or with --level sequence the response's GSPO
+                    ratio exp(mean_t log_ratio_t)
 
 and per sample its index in the batch, advantage, reward and the prompt's last PROMPT_CHARS characters. Every run
 records the same fields, whatever its loss: the projection is computed with troll.project at the config's eps
-(0.05 unless given) under PPO-clip, DPPO or CISPO too, as a diagnostic. Floats keep 4 significant digits; a row
-is at most `row_bytes_bound(cfg)` bytes (samples x max_new_tokens tokens, each bounded).
+(0.05 unless given) under PPO-clip, DPPO or CISPO too, as a diagnostic: what the other method would have done.
+Exact where it decides: kl, log_ratio and log_ratio_proj keep every digit of their float64 value, and `clipped` is
+computed from the stored log_ratio by `cut`, so every flag re-derives from the file (projected: kl > eps; clipped:
+`cut`), at the sequence level's 3e-4 clip range too; the probabilities and the advantage keep 4 significant digits.
+A row is at most `row_bytes_bound(cfg)` bytes (samples x max_new_tokens tokens, each bounded).
 
 How the values are taken: `Recorder.watch` wraps the step's loss function (troll.train's `loss_fn` seam) and
 replays the update's order of calls (`minibatches_of`, then `Rollouts.micro_batches` within each), so it knows which
 samples each call holds; for the recorded ones it recomputes the support and projection from the call's own inputs
 under no_grad. The loss's value and gradient are untouched (the run is the same bit for bit, records on or off).
-`Recorder.after` reads p(y) after the update, one sample at a time (no [T, V] tensor with the chunked head).
+`Recorder.watch` reads p(y) before the update and `Recorder.after` after it, one sample at a time (no [T, V] tensor
+with the chunked head).
 
 The file's schema is declared once, in troll.schema's terms (ROW, SAMPLE: each field's kind, whether null is
-allowed, its range, per token or not, the version of the file that first has it). `read`, the reader for
-troll.inspect, checks every row against it: a missing, empty or damaged file, or a row whose field is missing,
+allowed, its range, per token or not, the versions of the file that have it: version 1 stored the ratios themselves
+at 4 digits and no p_before). `read`, the reader for troll.inspect, checks every row against it and returns it in
+the newest version's fields (`upgraded`): a missing, empty or damaged file, or a row whose field is missing,
 unknown or not as declared, is one UsageError naming the file, the line and the field, with the way forward; never
 a traceback. torch is imported where the recorder runs, so the reader loads without it.
 """
@@ -54,7 +62,7 @@ if TYPE_CHECKING:
 FILE = "tokens.jsonl"
 TEXT_CHARS = 32  # a token's text is cut to this many characters
 PROMPT_CHARS = 160  # the prompt's last this many characters
-DIGITS = 4  # significant digits of every float
+DIGITS = 4  # significant digits of the floats that decide nothing (probabilities, advantage, reward)
 
 
 # ----------------------------------------------------------------------------- the file's schema
@@ -76,17 +84,20 @@ SAMPLE: dict[str, Spec] = {  # one recorded sample: its figures, then its tokens
     "prompt": Spec("string"),
     "text": Spec("string", per_token=True),
     "q": PROBABILITY,
+    "p_before": replace(PROBABILITY, since=2),
     "p": PROBABILITY,
     "p_after": PROBABILITY,
     "kl": Spec("number", null=True, per_token=True),  # >= 0, but float32 rounding leaves some KLs near 0 below it
     "projected": Spec("flag", per_token=True),
-    "ratio": Spec("number", null=True, low=0, per_token=True),
-    "ratio_proj": Spec("number", null=True, low=0, per_token=True),
+    "ratio": Spec("number", null=True, low=0, per_token=True, until=1),  # version 1: 4 digits, not exact
+    "ratio_proj": Spec("number", null=True, low=0, per_token=True, until=1),
+    "log_ratio": Spec("number", null=True, per_token=True, since=2),
+    "log_ratio_proj": Spec("number", null=True, per_token=True, since=2),
     "clipped": Spec("flag", per_token=True),
 }
-VERSION = 1  # the newest version of the file: a field added later gets since=2, and its readers read both
-FIELDS = tuple(k for k, spec in SAMPLE.items() if spec.per_token)  # per token, columnar
-SAMPLE_KEYS = tuple(SAMPLE)
+VERSION = 2  # the newest version of the file; `read` reads every version and returns the newest's fields
+FIELDS = tuple(k for k, spec in SAMPLE.items() if spec.per_token and spec.until is None)  # per token, columnar
+SAMPLE_KEYS = tuple(k for k, spec in SAMPLE.items() if spec.until is None)  # the newest version's, in order
 ROW_KEYS = tuple(ROW)
 
 
@@ -102,7 +113,7 @@ def row_problem(row: dict, version: int = VERSION) -> tuple[str, str] | None:
         if found := fields_problem(sample, SAMPLE, version, where + ".", FILE):
             return found
         tokens = len(sample["text"])
-        for k in FIELDS:
+        for k in (k for k, spec in SAMPLE.items() if spec.per_token and k in sample):
             if len(sample[k]) != tokens:
                 return f"{where}.{k}", f"holds {len(sample[k])} values for {tokens} tokens (one per token of text)"
     return None
@@ -131,11 +142,31 @@ def fig(x: float) -> float | None:
     return float(f"{x:.{DIGITS}g}") if math.isfinite(x) else None
 
 
+def exact(x: float) -> float | None:
+    """A float kept whole (JSON writes the shortest repr that reads back to the same float64); None for NaN or inf."""
+    return float(x) if math.isfinite(x) else None
+
+
+def cut(adv: float | None, log_ratio: Sequence[float | None], level: str, clip_low: float,
+        clip_high: float) -> list[int]:  # fmt: skip
+    """PPO-clip's cut flags of one response: 1 where A > 0 and r > 1 + clip_high, or A < 0 and r < 1 - clip_low, with
+    r = exp(log_ratio) per token, or (level "sequence") GSPO's exp(mean_t log_ratio_t) for every token; a token with
+    no log-ratio (null) is never cut. The rule the recorder applies to the very values it stores."""
+    known = [x for x in log_ratio if x is not None]
+    if level == "sequence":
+        seq = math.exp(math.fsum(known) / len(known)) if known else None
+        ratios = [seq] * len(log_ratio)
+    else:
+        ratios = [None if x is None else math.exp(x) for x in log_ratio]
+    a = adv or 0.0
+    return [int(r is not None and ((a > 0 and r > 1 + clip_high) or (a < 0 and r < 1 - clip_low))) for r in ratios]
+
+
 def row_bytes_bound(cfg: Any) -> int:
     """An upper bound on one row's size in bytes: every token's text at TEXT_CHARS escaped characters, every
     float at its longest repr, the prompt at PROMPT_CHARS escaped characters."""
-    longest_float = len("-1.234e-100, ")
-    per_token = (TEXT_CHARS * 6 + 4) + 7 * longest_float + 2 * len("0, ")
+    short, whole = len("-1.234e-100, "), len("-1.2345678901234567e-100, ")  # fig's longest, exact's longest
+    per_token = (TEXT_CHARS * 6 + 4) + 4 * short + 3 * whole + 2 * len("0, ")
     per_sample = 200 + PROMPT_CHARS * 6 + len(FIELDS) * 20 + cfg.max_new_tokens * per_token
     return 300 + cfg.records_samples * per_sample
 
@@ -147,12 +178,15 @@ class Recorder:
         self.cfg, self.tokenizer, self.step = cfg, tokenizer, step
         self.samples: dict[int, dict] = {}  # batch index -> its record, the last pass that trained it
         self.picked: list[int] = []
+        self.before: dict[int, list[float | None]] = {}  # batch index -> p(y) before the update
 
-    def watch(self, loss_fn: Callable, batch: Any, minibatches: Sequence[Tensor]) -> Callable:
+    def watch(self, loss_fn: Callable, batch: Any, minibatches: Sequence[Tensor], model: Any = None) -> Callable:
         """`loss_fn` wrapped: each call returns what loss_fn returns, and records the picked samples it holds.
-        The calls come in the update's order (troll.train.update): per minibatch, its micro-batches."""
+        The calls come in the update's order (troll.train.update): per minibatch, its micro-batches. With `model`
+        (the network before the update) each picked sample's p(y) before the update is read first."""
         ro = batch.ro
         self.picked = pick(batch.adv, self.cfg.records_samples)
+        self.before = {i: self._p(model, batch, i) for i in self.picked} if model is not None else {}
         calls = [rows for mb in minibatches for rows in ro.micro_batches(self.cfg.micro_batch_tokens, mb)]
         count = iter(range(len(calls) + 1))
 
@@ -195,11 +229,8 @@ class Recorder:
         q_rows = old.select(torch.arange(j * T, (j + 1) * T, device=old.idx.device))
         s = build_support(one, tokens[j], q_rows, cfg.support, cfg.k, cfg.delta)
         proj = project_sparse(s, cfg.eps)
-        log_r = (s.lp_y - s.lq_y).double()[:n]
-        log_rs = (proj.log_pi_y.detach() - s.lq_y).double()[:n]
+        log_r = [exact(x) for x in (s.lp_y - s.lq_y).double()[:n].tolist()]
         a = float(adv[j])
-        r_clip = log_r.mean().exp().expand(n) if cfg.level == "sequence" and n else log_r.exp()
-        clipped = ((a > 0) & (r_clip > 1 + cfg.clip_high)) | ((a < 0) & (r_clip < 1 - cfg.clip_low))
         ids = tokens[j][:n].tolist()
         prompt = self.tokenizer.decode(batch.ro.prompt_ids[i])
         return {
@@ -209,17 +240,23 @@ class Recorder:
             "prompt": prompt[-PROMPT_CHARS:],
             "text": [self.tokenizer.decode([t])[:TEXT_CHARS] for t in ids],
             "q": _figs(s.lq_y[:n].double().exp()),
+            "p_before": self.before.get(i, [None] * n),
             "p": _figs(s.lp_y[:n].double().exp()),
             "p_after": [],
-            "kl": _figs(proj.dual.kl_before[:n]),
+            "kl": [exact(x) for x in proj.dual.kl_before[:n].double().tolist()],
             "projected": [int(x) for x in proj.dual.active[:n].tolist()],
-            "ratio": _figs(log_r.exp()),
-            "ratio_proj": _figs(log_rs.exp()),
-            "clipped": [int(x) for x in clipped.tolist()],
+            "log_ratio": log_r,
+            "log_ratio_proj": [exact(x) for x in (proj.log_pi_y.detach() - s.lq_y).double()[:n].tolist()],
+            "clipped": cut(fig(a), log_r, cfg.level, cfg.clip_low, cfg.clip_high),
         }
 
     def after(self, model: Any, batch: Any) -> None:
-        """p(y) under the network after the update, for every recorded sample (one sample per forward)."""
+        """p(y) under the network after the update, for every recorded sample."""
+        for i, rec in self.samples.items():
+            rec["p_after"] = self._p(model, batch, i)
+
+    def _p(self, model: Any, batch: Any, i: int) -> list[float | None]:
+        """p(y) of sample `i`'s completion tokens under `model` (one sample per forward, no gradient)."""
         import torch
 
         from troll.head import gather_logprobs
@@ -227,12 +264,11 @@ class Recorder:
 
         ro, vocab = batch.ro, len(self.tokenizer)
         with torch.no_grad():
-            for i, rec in self.samples.items():
-                x = rollout_logits(model, ro, torch.tensor([i]), vocab, self.cfg.logits_chunk, self.cfg.bf16)
-                x = x.reshape(-1, x.shape[-1])
-                ids = ro.completion_ids[i].to(x.device)[:, None]
-                logp, _, _ = gather_logprobs(x, ids, torch.ones_like(ids, dtype=torch.bool))
-                rec["p_after"] = _figs(logp[: len(rec["text"]), 0].double().exp())
+            x = rollout_logits(model, ro, torch.tensor([i]), vocab, self.cfg.logits_chunk, self.cfg.bf16)
+            x = x.reshape(-1, x.shape[-1])
+            ids = ro.completion_ids[i].to(x.device)[:, None]
+            logp, _, _ = gather_logprobs(x, ids, torch.ones_like(ids, dtype=torch.bool))
+        return _figs(logp[: int(ro.completion_mask[i].sum()), 0].double().exp())
 
     def row(self) -> dict:
         """The step's row for tokens.jsonl (step counts from 1, as metrics.jsonl's)."""
@@ -246,6 +282,22 @@ class Recorder:
 
 def _figs(x: Tensor) -> list[float | None]:
     return [fig(v) for v in x.tolist()]
+
+
+def upgraded(row: dict) -> dict:
+    """A row of any version in the newest version's fields: version 1's ratios as log-ratios (4 digits, so its flags
+    re-derive only as closely), its p before the update unknown (null)."""
+    def log(rs: list) -> list:
+        return [None if r is None or r <= 0 else math.log(r) for r in rs]
+
+    samples = []
+    for s in row["samples"]:
+        if "ratio" in s:
+            s = {k: v for k, v in s.items() if k not in ("ratio", "ratio_proj")} | {
+                "p_before": [None] * len(s["text"]), "log_ratio": log(s["ratio"]),
+                "log_ratio_proj": log(s["ratio_proj"])}  # fmt: skip
+        samples.append({k: s[k] for k in SAMPLE_KEYS if k in s})
+    return row | {"samples": samples}
 
 
 # ----------------------------------------------------------------------------- reading
@@ -285,4 +337,4 @@ def read(out: Path) -> list[dict]:
             where, what = found
             raise UsageError(f"{path} line {n}: {where} {what}: the per-token records are damaged; restore the file, "
                              f"or delete line {n} to inspect the other steps")  # fmt: skip
-    return rows
+    return [upgraded(row) for row in rows]

@@ -3,7 +3,7 @@ against it when read, a mismatch one line naming the file, the line (for JSONL) 
 
 A table maps a field's name to its `Spec`: its kind (KINDS: JSON's values, exactly), whether null is allowed, its
 range or choices, whether it is a list of such values (one per token, in tokens.jsonl), whether a row must hold it,
-and the version of the file that first has it. `fields_problem` finds the first field of one JSON object that is
+and the versions of the file that have it. `fields_problem` finds the first field of one JSON object that is
 missing, not as declared or unknown (a table may instead declare what any other field holds, `other`, for files
 that gain fields over versions, as metrics.jsonl does). `first_problem` tries each version of a file, newest first,
 and says what the newest one wants when none has the row. `SchemaError` is the one line: a UsageError (a command's
@@ -53,8 +53,8 @@ class SchemaError(UsageError, ValueError):
 class Spec:
     """What one field holds: its kind (KINDS), whether null is allowed, its range or choices, whether it is a list
     with one such value per token (tokens.jsonl; or per what `per` says: a study's rows), whether a row must hold
-    it, the version of the file that first has it, and what it is in words where the kind's own words (WORDS) say
-    too little ("a list of samples")."""
+    it, the versions of the file that have it (since, until), and what it is in words where the kind's own words
+    (WORDS) say too little ("a list of samples")."""
 
     kind: str
     null: bool = False
@@ -64,6 +64,7 @@ class Spec:
     per_token: bool = False  # a list with one value per token: its reader checks the lengths
     per: str = "token"  # what a per_token list has one value for, in words (a study's rows: "step", "context")
     since: int = 1
+    until: int | None = None  # the last version of the file that has it (None: every version from `since` on)
     required: bool = True
     words: str = ""
 
@@ -91,7 +92,7 @@ def fields_problem(obj: dict, table: Table, version: int, prefix: str = "", file
                    other: Spec | None = None) -> Problem | None:  # fmt: skip
     """The first field of one JSON object (a row, a sample) that is missing (where required), not as `table`
     declares for version `version` of the file, or unknown: refused naming `file`, or, with `other`, checked as it."""
-    fields = {k: spec for k, spec in table.items() if spec.since <= version}
+    fields = {k: spec for k, spec in table.items() if spec.since <= version <= (spec.until or version)}
     for k, spec in fields.items():
         where, value = prefix + k, obj.get(k)
         if k not in obj:

@@ -202,7 +202,7 @@ def rl_step(cfg: Config, step: int, model: Any, tokenizer: Any, generator: Gener
             probe.before(model, batch.ro)
         minibatches = minibatches_of(cfg, batch)
         loss = loss_fn or LOSSES[cfg.loss]
-        loss = recorder.watch(loss, batch, minibatches) if recorder else loss
+        loss = recorder.watch(loss, batch, minibatches, model) if recorder else loss
         metrics, skipped = update(cfg, model, opt, sched, batch, old, minibatches, loss)
         if recorder:
             recorder.after(model, batch)
