@@ -260,11 +260,11 @@ COMMANDS = {
         plotted,
         lambda root, rel: rel.parent == Path("."),
     ),
-    "inspect": Command(  # it reads config.json and tokens.jsonl
+    "inspect": Command(  # it reads config.json, tokens.jsonl and metrics.jsonl (the accuracy at the step)
         "troll.inspect",
         lambda root, rel, work: [str(root), "--out", str(work / "page.html")],
         inspected,
-        lambda root, rel: str(rel) in ("config.json", "tokens.jsonl"),
+        lambda root, rel: str(rel) in ("config.json", "tokens.jsonl", "metrics.jsonl"),
     ),
     "bandit-report": Command(
         "study.bandit", lambda root, rel, work: ["--report", "--results", str(root / rel)], reported

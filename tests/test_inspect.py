@@ -21,6 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from study import inspect_figure
 from troll import inspect as tinspect
 from troll import records
 from troll.cli import UsageError, run_command
@@ -39,20 +40,31 @@ def row(step: int, loss: str, texts: list[str] = TEXTS) -> dict:
     """A records row with one rewarded completion ending in the rare `#`, projected under the KL ball and cut by
     the clip, and one tricky token text (a closing script tag)."""
     sample = {"index": 7, "adv": 2.47, "reward": 1.0, "prompt": "04+85=", "text": list(texts),
-              "q": [0.5, 0.6, 0.9, 0.01, 0.2], "p": [0.52, 0.6, 0.9, 0.016, 0.2],
-              "p_after": [0.55, 0.61, 0.9, 0.05, 0.2], "kl": [1e-4, 0.0, 0.0, 0.09, 0.0],
-              "projected": [0, 0, 0, 1, 0], "ratio": [1.04, 1.0, 1.0, 1.6, 1.0],
-              "ratio_proj": [1.04, 1.0, 1.0, 1.3, 1.0], "clipped": [0, 0, 0, 1, 0]}  # fmt: skip
+              "q": [0.5, 0.6, 0.9, 0.01, 0.2], "p_before": [0.5, 0.6, 0.9, 0.012, 0.2],
+              "p": [0.52, 0.6, 0.9, 0.016, 0.2], "p_after": [0.55, 0.61, 0.9, 0.05, 0.2],
+              "kl": [1e-4, 0.0, 0.0, 0.09, 0.0], "projected": [0, 0, 0, 1, 0],
+              "log_ratio": [math.log(1.04), 0.0, 0.0, math.log(1.6), 0.0],
+              "log_ratio_proj": [math.log(1.04), 0.0, 0.0, math.log(1.3), 0.0], "clipped": [0, 0, 0, 1, 0]}  # fmt: skip
     return {"step": step, "loss": loss, "eps": 0.05, "clip_low": 0.2, "clip_high": 0.2, "level": "token",
             "samples": [sample]}  # fmt: skip
 
 
-def fake_run(root: Path, name: str, loss: str, steps=(5, 10), texts: list[str] = TEXTS) -> Path:
+def fake_run(root: Path, name: str, loss: str, steps=(5, 10), texts: list[str] = TEXTS,
+             evals: dict[int, float] | None = None) -> Path:  # fmt: skip
+    """A run folder holding what troll.inspect reads: config.json, tokens.jsonl and (with `evals`) metrics.jsonl's
+    evaluation rows."""
     out = root / name
     out.mkdir()
     (out / "config.json").write_text(json.dumps({"task": "rare", "loss": loss, "eps": 0.05, "lr": 3e-4}))
     (out / records.FILE).write_text("".join(json.dumps(row(s, loss, texts)) + "\n" for s in steps))
+    if evals is not None:
+        (out / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "eval_acc": a}) + "\n"
+                                                   for s, a in evals.items()))  # fmt: skip
     return out
+
+
+def data_of(page: str) -> dict:
+    return json.loads(embedded(page))
 
 
 def embedded(page: str) -> str:
@@ -60,33 +72,53 @@ def embedded(page: str) -> str:
     return re.search(r'<script type="application/json" id="data">(.*?)</script', page, re.S | re.I).group(1)
 
 
-def test_page_is_self_contained_and_holds_both_runs(tmp_path):
-    a, b = fake_run(tmp_path, "troll", "troll"), fake_run(tmp_path, "ppo", "ppo_clip")
+def test_page_is_self_contained_and_holds_both_runs_every_step_and_their_accuracy(tmp_path):
+    a = fake_run(tmp_path, "troll", "troll", evals={0: 0.1, 10: 0.3})
+    b = fake_run(tmp_path, "ppo", "ppo_clip")
     shown = [(str(r), *tinspect.load(str(r))) for r in (a, b)]
     step = tinspect.pick_step(shown, None)
     assert step == 10
-    page = tinspect.page([(n, c, tinspect.at_step(rows, step)) for n, c, rows in shown])
+    page = tinspect.page(shown, step)
     assert not re.search(r"https?://|src=|href=|@import|url\(", page)  # nothing to fetch
     assert page.count("<script") == 2 and "</script>\"" not in page  # the token text cannot end the script early
-    data = json.loads(re.search(r'id="data">(.*?)</script>', page, re.S).group(1))
-    assert [r["loss"] for r in data["runs"]] == ["troll", "ppo_clip"] and data["runs"][0]["step"] == 10
-    assert data["runs"][0]["samples"][0]["text"][-1] == "</script>"
-    text = tinspect.text_summary(str(a), shown[0][1], tinspect.at_step(shown[0][2], 10))
-    assert "1 projected (KL > eps), 1 that PPO-clip would cut" in text and "'#'" in text
+    data = data_of(page)
+    assert [r["loss"] for r in data["runs"]] == ["troll", "ppo_clip"] and data["step"] == 10
+    assert data["colour"] == "update" and [r["step"] for r in data["runs"][0]["rows"]] == [5, 10]
+    assert data["runs"][0]["evals"] == {"0": 0.1, "10": 0.3} and data["runs"][1]["evals"] == {}
+    assert data["runs"][0]["rows"][1]["samples"][0]["text"][-1] == "</script>"
+    assert all(f"<div>{line}</div>" in page for line in tinspect.KEY) and len(tinspect.KEY) == 3
+    text = tinspect.text_summary(str(a), shown[0][1], tinspect.at_step(shown[0][2], 10), shown[0][3])
+    assert "1 projected (KL > eps), 1 PPO-clip would cut; held-out accuracy 0.300 at step 10" in text
+    assert "'#'" in text and "1.6 " in text  # the ratio, from the stored log-ratio
+    text = tinspect.text_summary(str(b), shown[1][1], tinspect.at_step(shown[1][2], 5), shown[1][3])
+    assert "1 would be projected (KL > eps), 1 cut by the clip" in text and "accuracy" not in text
+    assert tinspect.accuracy_at({0: 0.1, 10: 0.3}, 9) == (0, 0.1) and tinspect.accuracy_at({10: 0.3}, 9) is None
+
+
+def test_the_page_holds_at_most_max_steps_of_a_run_the_first_shown_and_last_kept(tmp_path):
+    steps = list(range(1, 101))
+    for shown in (1, 37, 100):
+        kept = tinspect.kept_steps(steps, shown, 10)
+        assert len(kept) <= 10 and {1, 100, shown} <= set(kept) and kept == sorted(set(kept))
+    assert tinspect.kept_steps([3, 5], 5, 10) == [3, 5]
+    run = fake_run(tmp_path, "long", "troll", steps=range(1, 2 * tinspect.MAX_STEPS + 1))
+    loaded = [(str(run), *tinspect.load(str(run)))]
+    rows = data_of(tinspect.page(loaded, 7))["runs"][0]["rows"]
+    assert len(rows) <= tinspect.MAX_STEPS and 7 in [r["step"] for r in rows]
 
 
 SCRIPT_BREAKERS = ("<", ">", "&", "\u2028", "\u2029")  # what the embedded JSON must not hold as itself
 
 
 def test_the_embedded_data_round_trips_and_no_text_can_end_or_stop_the_script(tmp_path):
-    cfg, rows = tinspect.load(str(fake_run(tmp_path, "run", "troll", texts=HOSTILE)))
+    cfg, rows, evals = tinspect.load(str(fake_run(tmp_path, "run", "troll", texts=HOSTILE)))
     name = "run </script><!--<script>"  # a run's name is the path given: text in the page too
-    page = tinspect.page([(name, cfg, tinspect.at_step(rows, 10))])
+    page = tinspect.page([(name, cfg, rows, evals)], 10)
     blob = embedded(page)
     assert not any(c in blob for c in SCRIPT_BREAKERS), blob  # so no "<!--", "<script" or "</" either
     data = json.loads(blob)
-    assert data["runs"][0]["samples"] == rows[1]["samples"] and data["runs"][0]["name"] == name
-    assert data["runs"][0]["samples"][0]["text"] == HOSTILE
+    assert data["runs"][0]["rows"] == rows and data["runs"][0]["name"] == name
+    assert data["runs"][0]["rows"][1]["samples"][0]["text"] == HOSTILE
     assert page.count("<script") == 2 and "run &lt;/script&gt;" in page  # the title escaped as HTML
 
 
@@ -97,9 +129,10 @@ def test_any_text_in_the_page_round_trips_and_cannot_end_or_stop_the_script(text
     sample = r["samples"][0] | {"text": texts, "prompt": prompt}
     sample |= {k: sample[k][:1] * len(texts) for k in records.FIELDS if k != "text"}
     r["samples"] = [sample]
-    blob = embedded(tinspect.page([(name, {"loss": name}, r)]))
+    blob = embedded(tinspect.page([(name, {"loss": name}, [r], {})], 1))
     assert not any(c in blob for c in SCRIPT_BREAKERS)
-    assert json.loads(blob)["runs"][0] == {"name": name, "settings": {"loss": name}, **r}
+    shown = json.loads(blob)["runs"][0]
+    assert shown["name"] == name and shown["settings"] == {"loss": name} and shown["rows"] == [r]
 
 
 def test_steps_and_files_are_refused_with_the_way_forward(tmp_path):
@@ -143,7 +176,12 @@ def test_the_command_prints_writes_and_refuses_in_one_line(tmp_path):
     (tmp_path / "empty" / "config.json").write_text("{}")
     torn = fake_run(tmp_path, "torn", "troll")
     (torn / records.FILE).write_text("{no json\n" + json.dumps(row(1, "troll")) + "\n")
+    bad_metrics, metrics_folder = fake_run(tmp_path, "m1", "troll"), fake_run(tmp_path, "m2", "troll")
+    (bad_metrics / "metrics.jsonl").write_text('{"step": 0, "eval_acc": 0.5}\n{"step": "x", "eval_acc": 2}\n')
+    (metrics_folder / "metrics.jsonl").mkdir()
     cases = [
+        ((str(bad_metrics),), ("metrics.jsonl", "line 2", "step")),
+        ((str(metrics_folder),), ("metrics.jsonl is not a file",)),
         ((str(tmp_path / "none"),), ("none", "is not a run directory")),
         ((str(tmp_path / "empty"),), ("tokens.jsonl does not exist", "--records_samples")),
         ((str(torn),), ("tokens.jsonl line 1", "resume the run")),
@@ -184,15 +222,16 @@ KNOWN = {
     "prompt": ("string", False, []),
     "text": ("string", False, []),
     "q": ("number", True, [1.5, -0.1]),
+    "p_before": ("number", True, [1.5, -0.25]),
     "p": ("number", True, [1.0001, -1e-9]),
     "p_after": ("number", True, [2.0, -0.5]),
     "kl": ("number", True, []),
     "projected": ("flag", False, [2, -1]),
-    "ratio": ("number", True, [-1.0]),
-    "ratio_proj": ("number", True, [-0.001]),
+    "log_ratio": ("number", True, []),
+    "log_ratio_proj": ("number", True, []),
     "clipped": ("flag", False, [2, 3]),
 }
-PER_TOKEN = ("text", "q", "p", "p_after", "kl", "projected", "ratio", "ratio_proj", "clipped")
+PER_TOKEN = ("text", "q", "p_before", "p", "p_after", "kl", "projected", "log_ratio", "log_ratio_proj", "clipped")
 NOT_NUMBERS = [math.nan, math.inf, -math.inf, 10**400]  # json.dumps writes NaN, Infinity; json.loads reads them
 WRONG_TYPE = {  # values of another JSON type than each kind's
     "integer": ["7", 7.0, True, [7], {}],
@@ -283,7 +322,7 @@ def config_run(root: Path) -> Path:
 def test_every_damage_of_every_field_is_one_line_naming_the_file_line_and_field(tmp_path):
     """The sweep: each damage of each field (the test's own list, KNOWN), in the second of two samples, at its
     last token, on line 4 after a good row and blank lines. A new field in troll.records' table must join KNOWN."""
-    assert set(KNOWN) == set(records.ROW) | set(records.SAMPLE) and set(PER_TOKEN) == set(records.FIELDS)
+    assert set(KNOWN) == set(records.ROW) | set(records.SAMPLE_KEYS) and set(PER_TOKEN) == set(records.FIELDS)
     run = config_run(tmp_path)
     for kind, path, action, value in DAMAGES:
         line, where = damaged_file(run, kind, path, action, value, 1, [1, 1], samples=2, sample=1, token=4)
@@ -336,8 +375,9 @@ def test_any_value_in_any_field_is_shown_or_refused_in_one_line_never_a_tracebac
             assert "Traceback" not in err and " at step " in out, err[-3000:]
             rows = [good, json.loads(json.dumps(bad))]
             want = next(r for r in rows if r["step"] == max(r["step"] for r in rows))  # the last step, its first row
-            shown = json.loads(embedded(page.read_text()))["runs"][0]
-            assert shown["step"] == want["step"] and shown["samples"] == want["samples"]
+            data = data_of(page.read_text())
+            shown = next(r for r in data["runs"][0]["rows"] if r["step"] == data["step"])  # as the page finds it
+            assert data["step"] == want["step"] and shown["samples"] == want["samples"]
         else:  # a sample's field may be named for another of its fields: text's length holds the others'
             refused_naming(status, err, run, 2, path_name(path[:2] if path[0] == "samples" else path))
 
@@ -366,40 +406,143 @@ def test_the_issues_rows_are_refused_in_one_line(tmp_path, field, value, says):
 
 # ----------------------------------------------------------------------------- in a real browser
 
-
-def chromium() -> str | None:
-    return next((shutil.which(n) for n in ("chromium", "chromium-browser") if shutil.which(n)), None)
+FIGURE = ROOT / "docs" / "figures" / "inspect_tiny_rare"  # the README's runs' files, made by study.inspect_figure
 
 
-def browse(page: Path, *flags: str) -> subprocess.CompletedProcess:
-    """Headless Chromium on `page` behind a dead proxy: nothing can be fetched, so what renders came from the file."""
-    argv = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-            "--proxy-server=127.0.0.1:9", "--proxy-bypass-list=<-loopback>", *flags, page.as_uri()]  # fmt: skip
-    return subprocess.run(argv, capture_output=True, text=True, timeout=120)
+def need_chromium() -> None:
+    """Skip, saying why, where no Chromium is installed; fail where one must be (TROLL_BROWSER_TESTS=required,
+    which .ci/run sets once it has installed Chromium)."""
+    if inspect_figure.chromium() is None:
+        message = "no chromium here: apt-get install -y chromium (.ci/run installs it)"
+        if os.environ.get("TROLL_BROWSER_TESTS") == "required":
+            pytest.fail(message + "; TROLL_BROWSER_TESTS=required says it must be here")
+        pytest.skip(message)
+
+
+def dom(page: Path, address: str = "") -> str:
+    """The page's DOM after its script ran, opened at `address` (#colour=...&step=...&pin=...)."""
+    return inspect_figure.browse(page.as_uri() + address, "--dump-dom").stdout
+
+
+def rgb(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.fullmatch(r"rgb\((\d+), ?(\d+), ?(\d+)\)", text).groups())
+
+
+def tokens_of(html: str) -> list[list[tuple[tuple[int, ...], str]]]:
+    """Each panel's tokens as drawn: (background colour, text)."""
+    panels = re.split(r'<section class="run"', html)[1:]
+    pattern = r'<span class="tok[^"]*"[^>]*style="background-color: (rgb\([^)]*\))[^>]*>([^<]*)</span>'
+    return [[(rgb(c), t) for c, t in re.findall(pattern, panel)] for panel in panels]
+
+
+def legend_of(html: str) -> list[tuple[tuple[int, ...], str]]:
+    """The legend's chips: (colour, label)."""
+    legend = re.search(r'<span id="legend">(.*?)</span></span>(?!<span class="sw">)', html, re.S).group(1)
+    return [(rgb(c), label) for c, label in re.findall(r'background-color: (rgb\([^)]*\));"></span>([^<]*)', legend)]
+
+
+def red(c: tuple[int, ...]) -> bool:
+    return c[0] > c[2] + 20
+
+
+def blue(c: tuple[int, ...]) -> bool:
+    return c[2] > c[0] + 20
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(chromium() is None, reason="no chromium here: apt-get install -y chromium (.ci/run installs it)")
 def test_the_page_renders_in_headless_chromium_without_network(tmp_path):
     """Both runs drawn, the second's token texts hostile (HOSTILE: a comment opener before a script tag, line
     separators), each shown as text."""
+    need_chromium()
     a, b = fake_run(tmp_path, "troll-run", "troll"), fake_run(tmp_path, "ppo-run", "ppo_clip", texts=HOSTILE)
     out = tmp_path / "page.html"
     assert command(str(a), str(b), "--out", str(out)).returncode == 0
     html = out.read_text()
     assert not re.search(r"https?://", html)
-    dom = browse(out, "--dump-dom").stdout  # the DOM after the page's script ran
-    assert 'data-ready="1"' in dom and 'data-colour="kl"' in dom
-    runs = re.findall(r'<section class="run" data-run="(\d)" data-loss="(\w+)"', dom)
+    shown = dom(out)
+    assert 'data-ready="1"' in shown and 'data-colour="update"' in shown and 'data-step="10"' in shown
+    runs = re.findall(r'<section class="run" data-run="(\d)" data-loss="(\w+)"', shown)
     assert runs == [("0", "troll"), ("1", "ppo_clip")]
-    tokens = re.findall(r'<span class="tok[^"]*"[^>]*style="background-color: (rgb\([^)]*\))[^>]*>([^<]*)</span>', dom)
-    assert [t for _, t in tokens] == [*TEXTS[:4], "&lt;/script&gt;", *(escape(t, quote=False) for t in HOSTILE)]
-    colours = {t: c for c, t in tokens}
-    assert colours["#"] != colours["8"]  # the projected `#` is coloured apart from a token inside the ball
-    assert '<span class="tok over"' in dom and "&lt;/script&gt;" in dom  # framed above eps; the text shown as text
+    panels = tokens_of(shown)
+    assert [t for _, t in panels[0]] == [*TEXTS[:4], "&lt;/script&gt;"]
+    assert [t for _, t in panels[1]] == [escape(t, quote=False) for t in HOSTILE]
+    colours = dict((t, c) for c, t in panels[0])
+    assert red(colours["#"]) and colours["8"][2] > 240  # `#` rose 0.012 -> 0.05: red; `8` barely moved: near white
     shot = tmp_path / "page.png"
-    browse(out, f"--screenshot={shot}", "--window-size=1200,700", "--hide-scrollbars")
+    inspect_figure.browse(out.as_uri(), f"--screenshot={shot}", "--window-size=1200,700", "--hide-scrollbars")
     assert shot.is_file() and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 5000
+
+
+@pytest.mark.slow
+def test_every_view_draws_its_legend_and_a_pinned_token_shows_what_happened_and_what_would_have(tmp_path):
+    """Each colouring selected through the address (the page sets its selector and paints as on a change), its
+    legend's two colours (four for the clip against the ball) checked, a token pinned in each panel, another step
+    chosen."""
+    need_chromium()
+    a, b = fake_run(tmp_path, "a", "troll"), fake_run(tmp_path, "b", "ppo_clip")
+    out = tmp_path / "page.html"
+    assert command(str(a), str(b), "--out", str(out)).returncode == 0
+    for view in tinspect.QUANTITIES:
+        shown = dom(out, f"#colour={view}&pin=0.7.3,1.7.3")
+        assert f'data-colour="{view}"' in shown and f'<option value="{view}" selected' not in shown  # drawn
+        legend = legend_of(shown)
+        hash_token = dict((t, c) for c, t in tokens_of(shown)[0])["#"]
+        if view == "clip_ball":  # `#` is projected and cut: both act
+            assert [label for _, label in legend] == ["the clip cuts, the ball lets through", "both act",
+                                                      "only the ball", "neither"]  # fmt: skip
+            assert hash_token == legend[1][0] and len({c for c, _ in legend}) == 4
+        elif view == "kl":
+            assert [label for _, label in legend] == ["0", "2·eps"] and legend[0][0] == (255, 255, 255)
+            assert red(legend[1][0]) and '<span class="tok over' in shown  # framed: KL above eps
+        else:  # a diverging view: blue below, red above
+            assert len(legend) == 2 and blue(legend[0][0]) and red(legend[1][0]), legend
+            assert red(hash_token)  # `#` rose in every diverging view of this row
+        pinned = re.findall(r'<div class="detail">(.*?)</div>', shown, re.S)
+        assert len(pinned) == 2 and all("what happened" in box and '"#"' in box for box in pinned)
+        assert "hypothetical: what PPO-clip would have done" in pinned[0]
+        assert "hypothetical: what TROLL would have done" in pinned[1]
+        assert len(re.findall(r'class="tok[^"]* sel"', shown)) == 2
+    earlier = dom(out, "#step=5")
+    assert 'data-step="5"' in earlier and "troll, step 5" in earlier and 'data-colour="update"' in earlier
+
+
+@pytest.mark.slow
+def test_the_committed_figure_shows_the_lesson_without_a_number(tmp_path):
+    """The README's page (study.inspect_figure's runs, step 10, its default view): the `#` both runs drew alike
+    rose under TROLL, more than under PPO-clip; in the clip-against-ball view TROLL's is what the clip would have
+    cut and the ball let through."""
+    need_chromium()
+    out = tmp_path / "page.html"
+    assert command(str(FIGURE / "troll"), str(FIGURE / "ppo"), "--step", "10", "--out", str(out)).returncode == 0
+    shown = dom(out, "#" + "pin=" + inspect_figure.pins(FIGURE))
+    assert "in both panels: same completion" in shown and "held-out accuracy" in shown
+    troll, ppo = (re.search(r'class="tok[^"]* sel"[^>]*style="background-color: (rgb\([^)]*\))', panel).group(1)
+                  for panel in re.split(r'<section class="run"', shown)[1:])  # fmt: skip
+    troll, ppo = rgb(troll), rgb(ppo)
+    assert red(troll) and red(ppo) and 255 - troll[2] > 255 - ppo[2] + 60  # both rose; TROLL's much redder
+    ball = dom(out, "#colour=clip_ball&pin=" + inspect_figure.pins(FIGURE))
+    troll, ppo = (rgb(re.search(r'class="tok[^"]* sel"[^>]*style="background-color: (rgb\([^)]*\))', panel).group(1))
+                  for panel in re.split(r'<section class="run"', ball)[1:])  # fmt: skip
+    legend = dict((label, c) for c, label in legend_of(ball))
+    assert troll == legend["the clip cuts, the ball lets through"] and ppo == legend["neither"]
+
+
+@pytest.mark.slow
+def test_the_committed_figure_records_are_what_its_command_makes_today(tmp_path):
+    """study.inspect_figure --records_only, run now, writes the committed files byte for byte (its runs hold
+    PyTorch, MKL and oneDNN to AVX2 kernels, so any x86-64 CPU with AVX2 makes them)."""
+    import torch
+
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        pytest.skip("this CPU has no AVX2: the committed bytes are an AVX2 machine's")
+    done = subprocess.run([sys.executable, "-m", "study.inspect_figure", "--records_only", "--out", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    for run in inspect_figure.RUNS:
+        for name in inspect_figure.FILES:
+            fresh, committed = tmp_path / "inspect_tiny_rare" / run / name, FIGURE / run / name
+            assert fresh.read_bytes() == committed.read_bytes(), f"{committed} is stale: python -m study.inspect_figure"
 
 
 # ----------------------------------------------------------------------------- real runs

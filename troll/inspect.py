@@ -1,25 +1,45 @@
 """See the trust region act, token by token: a run's per-token records (troll.records) as a page and as text.
 
-    python -m troll.inspect runs/tiny-rare-troll runs/tiny-rare-ppo --step 20 --out page.html
+    python -m troll.inspect runs/tiny-rare-troll runs/tiny-rare-ppo --step 15 --out page.html
 
-prints, for each run, the step's recorded samples token by token (q, p before and after the update, KL before the
-projection, projected or not, the raw and the projected ratio, and whether PPO-clip would have cut the token), and
-with `--out` writes one self-contained HTML page: inline CSS and script, nothing fetched, it opens from disk; its
-data is JSON with every `<`, `>`, `&`, U+2028 and U+2029 escaped, so no text it shows can end or stop its script. The
-page shows each completion as its tokens, coloured by the quantity chosen at its top, the exact figures on hover
-and on click, each run's settings and step, and two runs side by side. `page.html#pin=RUN.SAMPLE.TOKEN,...` opens
-with those tokens' figures shown (`#pin=1.239.3`: the second run, sample 239, its fourth token). The page replaces a
-file at `--out` as a tool's `-o` does, whole (a temporary file beside it, renamed over it: troll.outputs); a folder or
-a symbolic link there is refused, the link left as it is and never written through. `--step` picks the
-step (default: the last one every run recorded), `--colour` the colouring the page opens with. A missing or damaged
-run file (each records row is checked field by field against troll.records' schema) is one line naming it, and for
-a row its line and field (`troll.cli.run_command`), never a traceback.
+prints, for each run, the step's recorded samples token by token (q, p before, at and after the update, the KL at
+the token's position before the projection, projected or not, the raw and the projected ratio, and whether PPO-clip
+cuts the token), and with `--out` writes one self-contained HTML page: inline CSS and script, nothing fetched, it
+opens from disk; its data is JSON with every `<`, `>`, `&`, U+2028 and U+2029 escaped, so no text it shows can end or
+stop its script.
+
+The page shows each completion as its tokens, two runs side by side, coloured by the view chosen at its top:
+
+    update      the update's own change, log(p after / p before): red rose, blue fell (the default; p before:
+                the network before the step's update)
+    clip_ball   the clip against the ball: the clip cuts and the ball lets through; both act; only the ball; neither
+    drift       drift from the old policy q (the sampler, or the recomputed network), log(p after / q)
+    kl          KL(p || q) in nats at the token's position, before the projection (framed where it is above eps)
+    ratio       the raw ratio p / q;  ratio_proj  the projected ratio pi* / q
+
+with a three-line key (q, p, pi*, the KL's unit and scope), each panel's counts (tokens, projected, cut) and the
+run's held-out accuracy at the step (metrics.jsonl), which samples both panels share, and every recorded step
+behind a step selector (at most MAX_STEPS a run, evenly spaced, the first, shown and last kept: the page is at most
+about runs x MAX_STEPS x troll.records.row_bytes_bound bytes, and the command prints its size). A click pins a
+token's figures: what happened, and set apart, what the other method would have done (a TROLL run's clip, a
+PPO-clip run's projection, both under DPPO and CISPO: troll.records computes them for every run). The address
+`page.html#colour=clip_ball&step=15&pin=RUN.SAMPLE.TOKEN,...` opens on that view and step with those tokens pinned
+(`pin=1.239.3`: the second run, sample 239, its fourth token).
+
+The page replaces a file at `--out` as a tool's `-o` does, whole (a temporary file beside it, renamed over it:
+troll.outputs); a folder or a symbolic link there is refused, the link left as it is and never written through.
+`--step` picks the step shown first (default: the last one every run recorded), `--colour` the view. A missing or
+damaged run file (config.json; each records row checked field by field against troll.records' schema; metrics.jsonl
+against troll.runfiles') is one line naming it, and for a row its line and field (`troll.cli.run_command`), never a
+traceback.
 """
 
 from __future__ import annotations
 
 import html
 import json
+import math
+import warnings
 from pathlib import Path
 
 from troll import outputs
@@ -29,11 +49,15 @@ PROG = "python -m troll.inspect"
 SHOWN = ("task", "loss", "eps", "clip_low", "clip_high", "level", "support", "old_policy", "staleness", "lr",
          "prompts_per_step", "samples_per_prompt", "epochs", "minibatches", "seed", "steps")  # fmt: skip
 TEXT_TOKENS = 24  # the terminal shows at most this many tokens of a sample (the page shows all)
+MAX_STEPS = 40  # recorded steps a run puts in the page, at most
+ACTS = {"troll": "ball", "ppo_clip": "clip"}  # which of the two a run's loss applies; the other is hypothetical
 
 
-def load(run: str) -> tuple[dict, list[dict]]:
-    """A run's config (as saved) and its per-token records; UsageError naming what is missing or damaged."""
+def load(run: str) -> tuple[dict, list[dict], dict[int, float]]:
+    """A run's config (as saved), its per-token records and its held-out accuracy by step (empty without
+    metrics.jsonl); UsageError naming what is missing or damaged."""
     from troll import records
+    from troll.runfiles import read_metrics
 
     out = Path(run)
     if not out.is_dir():
@@ -46,7 +70,21 @@ def load(run: str) -> tuple[dict, list[dict]]:
         raise UsageError(f"{path} {reason}: pass the --out of a troll.train run") from None
     if not isinstance(cfg, dict):
         raise UsageError(f"{path} does not hold a JSON object: pass the --out of a troll.train run")
-    return cfg, records.read(out)
+    rows = records.read(out)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a torn last line: skipped, as resume drops it
+            evals = {r["step"]: r["eval_acc"] for r in read_metrics(out) if r.get("eval_acc") is not None}
+    except FileNotFoundError:
+        if (out / "metrics.jsonl").exists():  # a folder, say: not a file the run wrote
+            raise UsageError(f"{out / 'metrics.jsonl'} is not a file: move it away (the run writes its metrics "
+                             "there)") from None  # fmt: skip
+        evals = {}  # the page says no evaluation is on record
+    except ValueError as e:  # read_metrics' SchemaError, or a line that is not JSON: it names the file and line
+        raise UsageError(str(e)) from None
+    except OSError as e:
+        raise UsageError(f"{out / 'metrics.jsonl'} cannot be read ({e.strerror or e}): restore it") from None
+    return cfg, rows, evals
 
 
 def _not_json(name: str) -> None:
@@ -54,9 +92,9 @@ def _not_json(name: str) -> None:
     raise ValueError(f"{name} is not JSON")
 
 
-def pick_step(runs: list[tuple[str, dict, list[dict]]], step: int | None) -> int:
+def pick_step(runs: list[tuple[str, dict, list[dict], dict]], step: int | None) -> int:
     """The step to show: `step`, which every run must have recorded, or the last step all of them recorded."""
-    have = {name: [r["step"] for r in rows] for name, _, rows in runs}
+    have = {name: [r["step"] for r in rows] for name, _, rows, _ in runs}
     listed = "; ".join(f"{name}: {', '.join(map(str, steps))}" for name, steps in have.items())
     common = set.intersection(*(set(s) for s in have.values()))
     if step is None:
@@ -72,6 +110,22 @@ def at_step(rows: list[dict], step: int) -> dict:
     return next(r for r in rows if r["step"] == step)
 
 
+
+
+def accuracy_at(evals: dict[int, float], step: int) -> tuple[int, float] | None:
+    """The run's last held-out evaluation at or before `step` (its step, its accuracy), or None."""
+    done = [s for s in evals if s <= step]
+    return (max(done), evals[max(done)]) if done else None
+
+
+def kept_steps(steps: list[int], shown: int, limit: int = MAX_STEPS) -> list[int]:
+    """At most `limit` of a run's recorded steps, evenly spaced, the first, the last and `shown` always kept."""
+    if len(steps) <= limit:
+        return steps
+    picked = {steps[round(i * (len(steps) - 1) / (limit - 2))] for i in range(limit - 1)} | {shown}
+    return sorted(picked)
+
+
 # ----------------------------------------------------------------------------- text
 
 
@@ -79,25 +133,41 @@ def _num(x: float | None) -> str:
     return "-" if x is None else f"{x:.4g}"
 
 
-def text_summary(name: str, cfg: dict, row: dict) -> str:
-    """The step's records of one run as plain text: a head line, then each sample's tokens."""
+def _ratio(log_ratio: float | None) -> float | None:
+    return None if log_ratio is None else math.exp(log_ratio)
+
+
+def counts(loss: str, row: dict) -> str:
+    """A panel's counts: tokens, projected, cut; what the run's loss did not do is marked "would be"."""
     toks = [(s, t) for s in row["samples"] for t in range(len(s["text"]))]
     projected = sum(s["projected"][t] for s, t in toks)
     clipped = sum(s["clipped"][t] for s, t in toks)
+    acts = ACTS.get(loss)
+    return (f"{len(row['samples'])} samples, {len(toks)} tokens, {projected} "
+            f"{'projected' if acts == 'ball' else 'would be projected'} (KL > eps), {clipped} "
+            f"{'cut by the clip' if acts == 'clip' else 'PPO-clip would cut'}")  # fmt: skip
+
+
+def text_summary(name: str, cfg: dict, row: dict, evals: dict[int, float] | None = None) -> str:
+    """The step's records of one run as plain text: a head line, then each sample's tokens."""
+    loss = cfg.get("loss", row["loss"])
+    acc = accuracy_at(evals or {}, row["step"])
+    accuracy = f"; held-out accuracy {acc[1]:.3f} at step {acc[0]}" if acc else ""
     lines = [
-        f"{name}: {cfg.get('loss', row['loss'])} at step {row['step']} (eps {row['eps']}, clip range "
-        f"{row['clip_low']}/{row['clip_high']}): {len(row['samples'])} samples, {len(toks)} tokens, {projected} "
-        f"projected (KL > eps), {clipped} that PPO-clip would cut",
-        f"  {'token':>12} {'q':>9} {'p':>9} {'p after':>9} {'KL':>9} {'proj':>4} {'ratio':>7} {'ratio*':>7} clip",
+        f"{name}: {loss} at step {row['step']} (eps {row['eps']}, clip range {row['clip_low']}/{row['clip_high']}): "
+        f"{counts(loss, row)}{accuracy}",
+        f"  {'token':>12} {'q':>9} {'p before':>9} {'p':>9} {'p after':>9} {'KL':>9} {'proj':>4} {'ratio':>7} "
+        f"{'ratio*':>7} clip",
     ]
     for s in row["samples"]:
         lines.append(f"  sample {s['index']}: advantage {_num(s['adv'])}, reward {_num(s['reward'])}, "
                      f"prompt {s['prompt'][-40:]!r}")  # fmt: skip
         for t, text in enumerate(s["text"][:TEXT_TOKENS]):
             lines.append(
-                f"  {text[:12]!r:>12} {_num(s['q'][t]):>9} {_num(s['p'][t]):>9} {_num(s['p_after'][t]):>9} "
-                f"{_num(s['kl'][t]):>9} {'yes' if s['projected'][t] else '':>4} {_num(s['ratio'][t]):>7} "
-                f"{_num(s['ratio_proj'][t]):>7} {'cut' if s['clipped'][t] else ''}"
+                f"  {text[:12]!r:>12} {_num(s['q'][t]):>9} {_num(s['p_before'][t]):>9} {_num(s['p'][t]):>9} "
+                f"{_num(s['p_after'][t]):>9} {_num(s['kl'][t]):>9} {'yes' if s['projected'][t] else '':>4} "
+                f"{_num(_ratio(s['log_ratio'][t])):>7} {_num(_ratio(s['log_ratio_proj'][t])):>7} "
+                f"{'cut' if s['clipped'][t] else ''}"
             )
         if len(s["text"]) > TEXT_TOKENS:
             lines.append(f"  ... {len(s['text']) - TEXT_TOKENS} more tokens (the page shows them all: --out)")
@@ -111,15 +181,18 @@ body { font: 14px/1.4 system-ui, sans-serif; margin: 0; color: #222; background:
 header { padding: 10px 16px; background: #fff; border-bottom: 1px solid #ddd; position: sticky; top: 0; z-index: 2; }
 h1 { font-size: 17px; margin: 0 0 6px; }
 #controls { display: flex; gap: 16px; align-items: center; flex-wrap: wrap; }
-#legend { display: flex; align-items: center; gap: 6px; font-size: 12px; color: #555; }
-#legend .bar { width: 160px; height: 12px; border: 1px solid #ccc; }
+#legend { display: flex; align-items: center; gap: 10px; font-size: 12px; color: #444; }
+#legend .sw { display: inline-flex; align-items: center; gap: 4px; }
+#legend .chip { width: 14px; height: 12px; border: 1px solid #bbb; display: inline-block; }
+#key { font-size: 12px; color: #444; margin-top: 6px; line-height: 1.5; }
 #runs { display: grid; gap: 12px; padding: 12px 16px; }
 .run { background: #fff; border: 1px solid #ddd; border-radius: 6px; padding: 10px 12px; min-width: 0; }
 .run h2 { font-size: 15px; margin: 0 0 4px; word-break: break-all; }
-.settings { font-size: 12px; color: #555; margin-bottom: 8px; }
-.settings b { color: #222; font-weight: 600; }
+.settings, .counts, .shared { font-size: 12px; color: #555; margin-bottom: 4px; }
+.settings b, .counts b { color: #222; font-weight: 600; }
 .sample { margin: 8px 0; padding-top: 6px; border-top: 1px solid #eee; }
 .shead { font-size: 12px; color: #555; margin-bottom: 3px; }
+.badge { background: #e8eefc; color: #234; border-radius: 3px; padding: 0 4px; margin-left: 4px; }
 .prompt { font-family: ui-monospace, monospace; color: #888; }
 .tok { font-family: ui-monospace, monospace; font-size: 15px; padding: 2px 2px; margin: 0 1px; border-radius: 3px;
        border: 1px solid transparent; cursor: pointer; white-space: pre; display: inline-block; }
@@ -129,36 +202,39 @@ h1 { font-size: 17px; margin: 0 0 6px; }
           font-size: 12px; background: #f4f7fb; border: 1px solid #dde4ee; border-radius: 4px; padding: 6px 8px;
           margin-bottom: 4px; min-height: 16px; }
 .detail .k { color: #666; } .detail .v { font-family: ui-monospace, monospace; }
+.detail .h { grid-column: 1 / -1; font-weight: 600; color: #333; margin-top: 2px; }
+.detail .hyp { color: #888; font-style: italic; }
 """
 
 SCRIPT = r"""
 const DATA = JSON.parse(document.getElementById('data').textContent);
+const RED = [215, 40, 40], BLUE = [40, 90, 215], GREY = [238, 238, 238], NONE = [230, 230, 230];
+const lg = (a, b) => (a && b) ? Math.log(a / b) : null;
+// the four cases of the clip against the ball, in the legend's order
+const CASES = [['the clip cuts, the ball lets through', [150, 70, 200]], ['both act', [200, 30, 30]],
+               ['only the ball', [245, 150, 40]], ['neither', GREY]];
 const Q = {
-  kl: {label: 'KL(p || q) before the projection', kind: 'seq',
-       value: (s, t, run) => s.kl[t] === null ? null : s.kl[t] / run.eps,
-       note: run => 'white 0 → red 2·eps; black frame: KL > eps'},
-  projected: {label: 'projected (KL > eps)', kind: 'flag', value: (s, t) => s.projected[t],
-              note: () => 'orange: projected'},
-  dp: {label: 'probability change, log(p after / q)', kind: 'div',
-       value: (s, t) => (s.p_after[t] && s.q[t]) ? Math.log(s.p_after[t] / s.q[t]) : null,
-       note: () => 'blue: fell, red: rose (saturates at 3x)'},
-  ratio: {label: 'raw ratio p(y) / q(y)', kind: 'div', value: (s, t) => s.ratio[t] ? Math.log(s.ratio[t]) : null,
-          note: () => 'blue < 1 < red (saturates at 3x)'},
-  ratio_proj: {label: 'projected ratio pi*(y) / q(y)', kind: 'div',
-               value: (s, t) => s.ratio_proj[t] ? Math.log(s.ratio_proj[t]) : null,
-               note: () => 'blue < 1 < red (saturates at 3x)'},
-  clipped: {label: 'cut by PPO-clip at the run\'s range', kind: 'clip', value: (s, t) => s.clipped[t],
-            note: () => 'purple: PPO-clip would cut the gradient'},
+  update: {label: "the update's change, log(p after / p before)", kind: 'div', scale: Math.log(1.3),
+           value: (s, t) => lg(s.p_after[t], s.p_before[t]), ends: ['fell', 'rose'], note: 'saturates at 1.3x'},
+  clip_ball: {label: 'the clip against the ball', kind: 'cases',
+              value: (s, t) => s.clipped[t] ? (s.projected[t] ? 1 : 0) : (s.projected[t] ? 2 : 3)},
+  drift: {label: 'drift from the old policy q, log(p after / q)', kind: 'div', scale: Math.log(3),
+          value: (s, t) => lg(s.p_after[t], s.q[t]), ends: ['below q', 'above q'], note: 'saturates at 3x'},
+  kl: {label: 'KL(p || q) at the position, before the projection', kind: 'seq',
+       value: (s, t, run) => s.kl[t] === null ? null : s.kl[t] / run.eps, ends: ['0', '2·eps'],
+       note: 'black frame: KL > eps (projected)'},
+  ratio: {label: 'raw ratio p / q', kind: 'div', scale: Math.log(3), value: (s, t) => s.log_ratio[t],
+          ends: ['below 1', 'above 1'], note: 'saturates at 3x'},
+  ratio_proj: {label: 'projected ratio π* / q', kind: 'div', scale: Math.log(3),
+               value: (s, t) => s.log_ratio_proj[t], ends: ['below 1', 'above 1'], note: 'saturates at 3x'},
 };
-function mix(a, b, f) { return 'rgb(' + a.map((x, i) => Math.round(x + (b[i] - x) * f)).join(',') + ')'; }
-function colour(kind, v) {
-  const white = [255, 255, 255];
-  if (v === null || v === undefined) return 'rgb(230,230,230)';
-  if (kind === 'seq') return mix(white, [215, 40, 40], Math.min(Math.max(v, 0) / 2, 1));
-  if (kind === 'flag') return v ? 'rgb(245,150,40)' : 'rgb(238,238,238)';
-  if (kind === 'clip') return v ? 'rgb(150,70,200)' : 'rgb(238,238,238)';
-  const f = Math.min(Math.abs(v) / Math.log(3), 1);
-  return v >= 0 ? mix(white, [215, 40, 40], f) : mix(white, [40, 90, 215], f);
+function rgb(c) { return 'rgb(' + c.map(Math.round).join(',') + ')'; }
+function mix(a, b, f) { return a.map((x, i) => x + (b[i] - x) * f); }
+function colour(q, v) {
+  if (v === null || v === undefined) return rgb(NONE);
+  if (q.kind === 'cases') return rgb(CASES[v][1]);
+  if (q.kind === 'seq') return rgb(mix([255, 255, 255], RED, Math.min(Math.max(v, 0) / 2, 1)));
+  return rgb(mix([255, 255, 255], v >= 0 ? RED : BLUE, Math.min(Math.abs(v) / q.scale, 1)));
 }
 function fmt(x) {
   if (x === null || x === undefined) return '–';
@@ -166,13 +242,24 @@ function fmt(x) {
   if (s.includes('.')) s = s.replace(/0+(e|$)/, '$1').replace(/\.(e|$)/, '$1');
   return s;
 }
-function figures(run, s, t) {
-  return [['token', JSON.stringify(s.text[t])], ['run', run.name], ['step', run.step], ['sample', s.index],
-          ['advantage', fmt(s.adv)], ['q(y) old policy', fmt(s.q[t])], ['p(y) before the update', fmt(s.p[t])],
-          ['p(y) after the update', fmt(s.p_after[t])], ['KL(p || q) before projection', fmt(s.kl[t])],
-          ['eps', run.eps], ['projected', s.projected[t] ? 'yes' : 'no'], ['ratio p/q', fmt(s.ratio[t])],
-          ['projected ratio pi*/q', fmt(s.ratio_proj[t])],
-          ['PPO-clip (' + run.clip_low + '/' + run.clip_high + ') cuts it', s.clipped[t] ? 'yes' : 'no']];
+const acts = run => ({troll: 'ball', ppo_clip: 'clip'})[run.loss] || null;
+function figures(run, s, t) {  // [[heading], [key, value, hypothetical], ...]
+  const e = v => v === null ? null : Math.exp(v), a = acts(run);
+  const ball = [['projected (KL > eps)', s.projected[t] ? 'yes' : 'no'],
+                ['projected ratio π*/q', fmt(e(s.log_ratio_proj[t]))]];
+  const clip = [['PPO-clip (' + run.clip_low + '/' + run.clip_high + ') cuts it', s.clipped[t] ? 'yes' : 'no']];
+  const lr = s.log_ratio.filter(x => x !== null);
+  const seq = run.level === 'sequence' && lr.length ?
+    [['sequence ratio − 1, exp(mean log p/q) − 1', Math.expm1(lr.reduce((u, v) => u + v, 0) / lr.length)
+      .toPrecision(6)]] : [];
+  const other = a === 'ball' ? clip : a === 'clip' ? ball : ball.concat(clip);
+  return [['what happened'], ['token', JSON.stringify(s.text[t])], ['sample', s.index],
+          ['advantage', fmt(s.adv)], ['q(y) old policy', fmt(s.q[t])], ['p(y) before the update', fmt(s.p_before[t])],
+          ['p(y) at its training pass', fmt(s.p[t])], ['p(y) after the update', fmt(s.p_after[t])],
+          ['KL(p || q) at the position, nats', fmt(s.kl[t])], ['eps', run.eps], ['ratio p/q', fmt(e(s.log_ratio[t]))],
+          ...seq, ...(a === 'ball' ? ball : a === 'clip' ? clip : []),
+          ['hypothetical: what ' + (a === 'ball' ? 'PPO-clip' : a === 'clip' ? 'TROLL' : 'TROLL and PPO-clip') +
+           ' would have done'], ...other.map(([k, v]) => [k, v, true])];
 }
 function show(run, s, t, el) {  // the token's figures in its run's box
   const sec = el.closest('.run');
@@ -180,41 +267,75 @@ function show(run, s, t, el) {  // the token's figures in its run's box
   el.classList.add('sel');
   const box = sec.querySelector('.detail');
   box.textContent = '';
-  figures(run, s, t).filter(([k]) => k !== 'run' && k !== 'step').forEach(([k, v]) => {
-    const a = document.createElement('span'); a.className = 'k'; a.textContent = k;
-    const b = document.createElement('span'); b.className = 'v'; b.textContent = v;
+  figures(run, s, t).forEach(([k, v, hyp]) => {
+    if (v === undefined) {
+      const h = document.createElement('span'); h.className = 'h'; h.textContent = k; box.appendChild(h); return;
+    }
+    const a = document.createElement('span'); a.className = 'k' + (hyp ? ' hyp' : ''); a.textContent = k;
+    const b = document.createElement('span'); b.className = 'v' + (hyp ? ' hyp' : ''); b.textContent = v;
     box.appendChild(a); box.appendChild(b);
   });
 }
-function render() {
+function el(tag, cls, text) {
+  const e = document.createElement(tag); if (cls) e.className = cls; if (text !== undefined) e.textContent = text;
+  return e;
+}
+function rowOf(run, step) { return run.rows.find(r => r.step === step); }
+function sharing(row, other) {  // sample index -> 'same completion' or 'same prompt', for samples the other shows
+  const out = {};
+  if (!row || !other) return out;
+  row.samples.forEach(s => {
+    const o = other.samples.find(x => x.index === s.index);
+    if (o && o.prompt === s.prompt) out[s.index] = o.text.join('') === s.text.join('') ? 'same completion'
+                                                                                       : 'same prompt';
+  });
+  return out;
+}
+function render(step) {
   const main = document.getElementById('runs');
+  main.textContent = '';
   main.style.gridTemplateColumns = 'repeat(' + DATA.runs.length + ', minmax(0, 1fr))';
   DATA.runs.forEach((run, r) => {
-    const sec = document.createElement('section');
-    sec.className = 'run'; sec.dataset.run = r; sec.dataset.loss = run.loss;
-    const h = document.createElement('h2');
-    h.textContent = run.name + ' — ' + run.loss + ', step ' + run.step;
-    sec.appendChild(h);
-    const st = document.createElement('div'); st.className = 'settings';
+    const row = rowOf(run, step), other = DATA.runs[1 - r], a = acts(run);
+    const sec = el('section', 'run'); sec.dataset.run = r; sec.dataset.loss = run.loss;
+    sec.appendChild(el('h2', null, run.name + ' — ' + run.loss + ', step ' + step));
+    const st = el('div', 'settings');
     Object.entries(run.settings).forEach(([k, v], i) => {
       if (i) st.appendChild(document.createTextNode(' · '));
-      st.appendChild(document.createTextNode(k + ' ')); const b = document.createElement('b');
-      b.textContent = v; st.appendChild(b);
+      st.appendChild(document.createTextNode(k + ' ')); st.appendChild(el('b', null, String(v)));
     });
     sec.appendChild(st);
-    const box = document.createElement('div'); box.className = 'detail';
-    box.textContent = 'click a token for its figures'; sec.appendChild(box);
-    run.samples.forEach(s => {
-      const div = document.createElement('div'); div.className = 'sample'; div.dataset.index = s.index;
-      const head = document.createElement('div'); head.className = 'shead';
-      head.textContent = 'sample ' + s.index + ' · advantage ' + fmt(s.adv) + ' · reward ' + fmt(s.reward) + ' · ';
-      const pr = document.createElement('span'); pr.className = 'prompt'; pr.textContent = s.prompt;
-      head.appendChild(pr); div.appendChild(head);
+    const acc = Object.keys(run.evals).map(Number).filter(x => x <= step);
+    const accText = acc.length ? 'held-out accuracy ' + fmt(run.evals[Math.max(...acc)]) + ' (evaluated at step ' +
+                                 Math.max(...acc) + ')' : 'no evaluation by this step';
+    if (!row) {
+      sec.appendChild(el('div', 'counts', 'no records at step ' + step + ' · ' + accText));
+      main.appendChild(sec); return;
+    }
+    const toks = row.samples.reduce((n, s) => n + s.text.length, 0);
+    const sum = k => row.samples.reduce((n, s) => n + s[k].reduce((u, v) => u + v, 0), 0);
+    const c = el('div', 'counts');
+    c.textContent = toks + ' tokens in ' + row.samples.length + ' samples · ' + sum('projected') +
+      (a === 'ball' ? ' projected' : ' would be projected (hypothetical)') + ' · ' + sum('clipped') +
+      (a === 'clip' ? ' cut by the clip' : ' PPO-clip would cut (hypothetical)') + ' · ' + accText;
+    sec.appendChild(c);
+    const shared = sharing(row, other && rowOf(other, step));
+    if (other) {
+      const list = Object.entries(shared).map(([i, how]) => i + ' (' + how + ')');
+      sec.appendChild(el('div', 'shared', 'samples the other panel shows too: ' + (list.join(', ') || 'none')));
+    }
+    const box = el('div', 'detail', 'click a token for its figures'); sec.appendChild(box);
+    row.samples.forEach(s => {
+      const div = el('div', 'sample'); div.dataset.index = s.index;
+      const head = el('div', 'shead', 'sample ' + s.index + ' · advantage ' + fmt(s.adv) + ' · reward ' +
+                      fmt(s.reward) + ' · ');
+      head.appendChild(el('span', 'prompt', s.prompt));
+      if (shared[s.index]) head.appendChild(el('span', 'badge', 'in both panels: ' + shared[s.index]));
+      div.appendChild(head);
       s.text.forEach((text, t) => {
-        const span = document.createElement('span'); span.className = 'tok';
-        span.textContent = text.replace(/ /g, '\u2423').replace(/\n/g, '\u23ce') || '\u2205';
+        const span = el('span', 'tok', text.replace(/ /g, '\u2423').replace(/\n/g, '\u23ce') || '\u2205');
         span.dataset.t = t; span.dataset.projected = s.projected[t]; span.dataset.clipped = s.clipped[t];
-        span.title = figures(run, s, t).map(([k, v]) => k + ': ' + v).join('\n');
+        span.title = figures(run, s, t).filter(f => f.length > 1).map(([k, v]) => k + ': ' + v).join('\n');
         span.addEventListener('click', () => show(run, s, t, span));
         span._v = [run, s, t];
         div.appendChild(span);
@@ -223,54 +344,82 @@ function render() {
     });
     main.appendChild(sec);
   });
+  document.body.dataset.step = step;
 }
 function paint() {
   const key = document.getElementById('colour').value, q = Q[key];
   document.body.dataset.colour = key;
   document.querySelectorAll('.tok').forEach(span => {
     const [run, s, t] = span._v;
-    span.style.backgroundColor = colour(q.kind, q.value(s, t, run));
+    span.style.backgroundColor = colour(q, q.value(s, t, run));
     span.classList.toggle('over', key === 'kl' && s.projected[t] === 1);
   });
-  const bar = document.querySelector('#legend .bar');
-  const stops = q.kind === 'div' ? [-1.1, 0, 1.1] : q.kind === 'seq' ? [0, 2] : [0, 1];
-  bar.style.background = 'linear-gradient(to right, ' + stops.map(v => colour(q.kind, v)).join(', ') + ')';
-  document.getElementById('note').textContent = q.note(DATA.runs[0]);
+  const legend = document.getElementById('legend');
+  legend.textContent = '';
+  const chips = q.kind === 'cases' ? CASES.map(([label, c]) => [label, rgb(c)]) :
+    q.kind === 'seq' ? [[q.ends[0], colour(q, 0)], [q.ends[1], colour(q, 2)]] :
+    [[q.ends[0], colour(q, -q.scale)], [q.ends[1], colour(q, q.scale)]];
+  chips.forEach(([label, c]) => {
+    const sw = el('span', 'sw'); const chip = el('span', 'chip'); chip.style.backgroundColor = c;
+    sw.appendChild(chip); sw.appendChild(document.createTextNode(label)); legend.appendChild(sw);
+  });
+  if (q.note) legend.appendChild(el('span', 'note', '(' + q.note + ')'));
 }
-const sel = document.getElementById('colour');
-Object.entries(Q).forEach(([k, q]) => {
-  const o = document.createElement('option'); o.value = k; o.textContent = q.label; sel.appendChild(o);
-});
-sel.value = DATA.colour;
-sel.addEventListener('change', paint);
-render();
-paint();
-// #pin=RUN.SAMPLE.TOKEN[,RUN.SAMPLE.TOKEN]: those tokens' figures shown, as if clicked
-location.hash.replace(/^#pin=/, '').split(',').forEach(p => {
-  const pin = /^(\d+)\.(\d+)\.(\d+)$/.exec(p), sec = pin && document.querySelectorAll('.run')[+pin[1]];
-  const span = sec && sec.querySelector('.sample[data-index="' + pin[2] + '"] .tok[data-t="' + pin[3] + '"]');
+function pin(p) {  // RUN.SAMPLE.TOKEN: that token's figures shown, as if clicked
+  const m = /^(\d+)\.(\d+)\.(\d+)$/.exec(p), sec = m && document.querySelectorAll('.run')[+m[1]];
+  const span = sec && sec.querySelector('.sample[data-index="' + m[2] + '"] .tok[data-t="' + m[3] + '"]');
   if (span) show(span._v[0], span._v[1], span._v[2], span);
-});
+}
+// the address: #colour=VIEW&step=STEP&pin=RUN.SAMPLE.TOKEN,... (each part optional)
+const HASH = Object.fromEntries(location.hash.replace(/^#/, '').split('&').map(p => p.split('=')));
+const sel = document.getElementById('colour'), steps = document.getElementById('step');
+Object.entries(Q).forEach(([k, q]) => sel.appendChild(Object.assign(el('option', null, q.label), {value: k})));
+const ALL = [...new Set(DATA.runs.flatMap(run => run.rows.map(r => r.step)))].sort((a, b) => a - b);
+ALL.forEach(s => steps.appendChild(Object.assign(el('option', null, String(s)), {value: String(s)})));
+sel.value = HASH.colour in Q ? HASH.colour : DATA.colour;
+steps.value = ALL.includes(+HASH.step) ? HASH.step : String(DATA.step);
+sel.addEventListener('change', paint);
+steps.addEventListener('change', () => { render(+steps.value); paint(); });
+render(+steps.value);
+paint();
+(HASH.pin || '').split(',').forEach(pin);
 document.body.dataset.ready = '1';
 """
+
+KEY = (
+    "<b>q</b>: the old policy the trust region is anchored to (the sampler, or the network recomputed on its "
+    "samples) · <b>p</b>: the network, before the update, at the pass that trained the sample, and after it",
+    "<b>π*</b>: p projected onto the ball KL(π || q) ≤ eps, what TROLL trains toward · PPO-clip instead cuts a "
+    "token's gradient once p/q leaves [1 − clip_low, 1 + clip_high] in the advantage's direction",
+    "<b>KL</b> is in nats, of the whole next-token distribution at the token's position (every candidate on the "
+    "run's sparse support), not of the token alone · a panel's hypothetical figures: what the other method would "
+    "have done",
+)
 
 # JSON inside a script element: no "<" (so no "</script>", "<!--" or "<script"), ">" or "&" for the HTML parser to
 # read, no U+2028 / U+2029 for an older script parser; each written as the JSON escape that parses back to it
 SCRIPT_SAFE = str.maketrans({c: f"\\u{ord(c):04x}" for c in "<>&\u2028\u2029"})
 
-QUANTITIES = ("kl", "projected", "dp", "ratio", "ratio_proj", "clipped")
+QUANTITIES = ("update", "clip_ball", "drift", "kl", "ratio", "ratio_proj")
 
 
-def page(runs: list[tuple[str, dict, dict]], colour: str = "kl") -> str:
-    """The HTML page of the given (name, config, row) triples: every byte inline, no URL in it."""
+def page(runs: list[tuple[str, dict, list[dict], dict[int, float]]], step: int, colour: str = "update") -> str:
+    """The HTML page of the given (name, config, records rows, accuracy by step) runs, opening at `step`: every byte
+    inline, no URL in it."""
     data = {
         "colour": colour,
+        "step": step,
         "runs": [
-            {"name": name, "settings": {k: cfg[k] for k in SHOWN if k in cfg}, **row} for name, cfg, row in runs
+            {"name": name, "settings": {k: cfg[k] for k in SHOWN if k in cfg}, "loss": cfg.get("loss", rows[0]["loss"]),
+             "eps": rows[0]["eps"], "clip_low": rows[0]["clip_low"], "clip_high": rows[0]["clip_high"],
+             "level": rows[0]["level"], "evals": evals,
+             "rows": [r for r in rows if r["step"] in kept_steps([r["step"] for r in rows], step)]}
+            for name, cfg, rows, evals in runs
         ],
-    }
+    }  # fmt: skip
     blob = json.dumps(data, separators=(",", ":"), allow_nan=False).translate(SCRIPT_SAFE)
-    title = html.escape(" | ".join(f"{name} step {row['step']}" for name, _, row in runs))
+    title = html.escape(" | ".join(name for name, *_ in runs))
+    key = "".join(f"<div>{line}</div>" for line in KEY)
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>troll.inspect: {title}</title>
 <meta name="viewport" content="width=device-width, initial-scale=1">
@@ -278,8 +427,10 @@ def page(runs: list[tuple[str, dict, dict]], colour: str = "kl") -> str:
 <body>
 <header><h1>The trust region, token by token</h1>
 <div id="controls"><label>Colour by <select id="colour"></select></label>
-<span id="legend"><span class="bar"></span><span id="note"></span></span>
-<span style="font-size:12px;color:#555">hover a token for its figures, click to pin them</span></div></header>
+<label>step <select id="step"></select></label>
+<span id="legend"></span>
+<span style="font-size:12px;color:#555">hover a token for its figures, click to pin them</span></div>
+<div id="key">{key}</div></header>
 <main id="runs"></main>
 <script type="application/json" id="data">{blob}</script>
 <script>{SCRIPT}</script>
@@ -290,10 +441,11 @@ def page(runs: list[tuple[str, dict, dict]], colour: str = "kl") -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = Parser(prog=PROG, description=__doc__.split("\n")[0])
     parser.add_argument("runs", nargs="+", metavar="RUN", help="one run directory, or two to see side by side")
-    parser.add_argument("--step", type=int, default=None, help="the recorded step to show (default: the last one "
-                        "every run recorded)")  # fmt: skip
+    parser.add_argument("--step", type=int, default=None, help="the recorded step to show first (default: the last "
+                        "one every run recorded)")  # fmt: skip
     parser.add_argument("--out", default=None, help="write the HTML page here (self-contained; opens from disk)")
-    parser.add_argument("--colour", default="kl", choices=QUANTITIES, help="the page's colouring when it opens")
+    parser.add_argument("--colour", default="update", choices=QUANTITIES, help="the page's view when it opens "
+                        "(default: update, the update's own change)")  # fmt: skip
     args = parser.parse_args(argv)
     if len(args.runs) > 2:
         parser.error(f"at most two runs side by side, got {len(args.runs)}")
@@ -304,15 +456,16 @@ def main(argv: list[str] | None = None) -> None:
             raise UsageError(f"--out {args.out}: its folder does not exist: create it, or choose another path")
     loaded = [(run, *load(run)) for run in args.runs]
     step = pick_step(loaded, args.step)
-    shown = [(name, cfg, at_step(rows, step)) for name, cfg, rows in loaded]
-    for name, cfg, row in shown:
-        print(text_summary(name, cfg, row))
+    for name, cfg, rows, evals in loaded:
+        print(text_summary(name, cfg, at_step(rows, step), evals))
     if page_file is not None:
+        made = page(loaded, step, args.colour)
         try:
-            outputs.write(page_file, page(shown, args.colour))
+            outputs.write(page_file, made)
         except OSError as e:
             raise UsageError(f"--out {args.out} cannot be written ({e.strerror}): choose another path") from None
-        print(f"page: {args.out}")
+        print(f"page: {args.out} ({len(made.encode()) // 1024} KB; step {step} shown first, each run's recorded "
+              f"steps behind the step selector)")
 
 
 if __name__ == "__main__":
