@@ -558,18 +558,32 @@ def train(out: Path, *flags: str) -> subprocess.CompletedProcess:
     return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
 
 
+def re_derived(row: dict, sample: dict) -> tuple[list[int], list[int]]:
+    """A sample's projected and clipped flags from its stored figures alone: KL > eps, and PPO-clip's rule on
+    exp(log_ratio), or under --level sequence on GSPO's exp(mean log_ratio) (written here, not troll.records')."""
+    lr, a, n = sample["log_ratio"], sample["adv"], len(sample["text"])
+    ratios = [math.exp(math.fsum(lr) / n)] * n if row["level"] == "sequence" and n else [math.exp(x) for x in lr]
+    clipped = [int((a > 0 and r > 1 + row["clip_high"]) or (a < 0 and r < 1 - row["clip_low"])) for r in ratios]
+    return [int(k > row["eps"]) for k in sample["kl"]], clipped
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("loss", ["troll", "ppo_clip", "dppo", "cispo"])
+@pytest.mark.parametrize("loss", ["troll", "ppo_clip", "dppo", "cispo", "ppo_clip-sequence"])
 def test_a_tiny_rare_run_of_each_loss_writes_records_that_resume_cuts_back(tmp_path, loss):
+    """Every figure known (p before and after the update read), every flag re-derived from the file (GSPO's clip
+    range under --level sequence too), and the rows a crash left redone on resume as first written."""
     out = tmp_path / loss
-    done = train(out, "--loss", loss)
+    loss, *level = loss.split("-")
+    done = train(out, "--loss", loss, *(["--level", level[0]] if level else []))
     assert done.returncode == 0, done.stderr[-3000:]
     rows, bound = records.read(out), records.row_bytes_bound(Config.load(out / "config.json"))
     assert [r["step"] for r in rows] == [1, 2] and all(r["loss"] == loss for r in rows)
     for r in rows:
         assert len(r["samples"]) == 4 and len((json.dumps(r) + "\n").encode()) <= bound
+        assert r["level"] == (level[0] if level else "token")
         for s in r["samples"]:
-            assert all(v is not None for k in records.FIELDS for v in s[k])  # p_after read after the update
+            assert all(v is not None for k in records.FIELDS for v in s[k])  # p before and after read
+            assert [s["projected"], s["clipped"]] == list(re_derived(r, s))
     # a crash after step 2's rows were written and before its checkpoint: resume drops them and writes them again
     (out / "summary.json").unlink()
     shutil.rmtree(out / "checkpoints" / "step-000002")
