@@ -23,7 +23,7 @@ from troll.cli import BROKEN_PIPE, Parser, UsageError, run_command
 
 COMMANDS = [
     *(f"troll.{name}" for name in ("train", "check", "evaluate", "export", "plot", "inspect", "packaged")),
-    *(f"study.{name}" for name in ("run", "offpolicy", "bandit", "figures", "real")),
+    *(f"study.{name}" for name in ("run", "offpolicy", "bandit", "figures", "real", "inspect_figure")),
     *(f"bench.{name}" for name in BENCHES),
 ]
 

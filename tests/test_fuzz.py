@@ -120,6 +120,7 @@ COMMANDS = {
             bounded=RUN_LENGTHS,
         ),  # fmt: skip
         Command("study.figures"),
+        Command("study.inspect_figure", stop=("runs = {name: train(work, name) for name in RUNS}",)),
         Command("bench.projection", stop=("args = make_batch(a.n", "pair = real_pair(settings, a.n")),
         Command("bench.real_logits", stop=("pair = real_pair(settings, a.n",)),
         Command("bench.real_shapes", stop=("results.append(run_child(spec))",)),

@@ -59,6 +59,25 @@ def study_figures(argv: list[str]) -> None:
     main(argv)
 
 
+def inspect_figure(argv: list[str]) -> None:
+    """study.inspect_figure with its two training runs replaced by fake runs (tests/test_inspect.py's)."""
+    from test_inspect import fake_run as make
+
+    from study import inspect_figure as figure
+
+    def train(work: Path, name: str) -> Path:
+        from troll.config import Config
+
+        (work / "runs").mkdir(exist_ok=True)
+        run = make(work / "runs", f"tiny-rare-{name}", "troll" if name == "troll" else "ppo_clip",
+                   evals={0: 0.0, 5: 0.25, 10: 0.5, 15: 0.75})
+        Config(loss=json.loads((run / "config.json").read_text())["loss"], out=str(run)).save(run / "config.json")
+        return run
+
+    with mock.patch.object(figure, "train", train):
+        figure.main(argv)
+
+
 def bandit(argv: list[str]) -> None:
     from study.bandit import main
 
@@ -107,7 +126,8 @@ def real_shapes(argv: list[str]) -> None:
 @dataclass(frozen=True)
 class Case:
     """A command with an output path: `flags(work)` writes into `work / "out"`, whose `names` are what it writes
-    there (`named`: the one file the user names, which a user's file there does not stop)."""
+    there, in folders of its own under it where a name has them (`named`: the one file the user names, which a
+    user's file there does not stop)."""
 
     prog: str
     main: Callable[[list[str]], None]
@@ -169,6 +189,13 @@ CASES = {
         study_figures,
         lambda w: [str(ROOT / "study" / "results.jsonl"), "--out", str(w / "out")],
         ("accuracy_vs_off_policy.png", "kl_update.png"),
+    ),
+    "study.inspect_figure": Case(
+        "python -m study.inspect_figure",
+        inspect_figure,
+        lambda w: ["--records_only", "--out", str(w / "out")],
+        tuple(f"inspect_tiny_rare/{run}/{name}" for run in ("troll", "ppo")
+              for name in (".study-inspect_figure", "config.json", "tokens.jsonl", "metrics.jsonl")),  # fmt: skip
     ),
     "study.bandit --figures": Case(
         "python -m study.bandit",
@@ -256,6 +283,7 @@ def test_foreign_content_where_a_command_writes_is_never_changed(name, kind, tmp
         shutil.rmtree(work, ignore_errors=True)
         (work / "out").mkdir(parents=True)
         path = work / "out" / target
+        path.parent.mkdir(parents=True, exist_ok=True)  # a name in a folder of the command's: the folder made first
         plant(path, "a file" if kind == "an unrelated file" else kind, tmp_path / "mine")
         before = tree(tmp_path)
         status, err = run(case, work)
@@ -286,6 +314,16 @@ def damage(path: Path) -> bytes:
     return path.read_bytes()
 
 
+def written(out: Path) -> list[str]:
+    """What a command left in `out`: its entries, and in each folder the names of a case's (`Case.names`), the
+    files under it."""
+    found = []
+    for entry in sorted(out.iterdir()):
+        nested = entry.is_dir() and any(n.startswith(entry.name + "/") for c in CASES.values() for n in c.names)
+        found += [str(p.relative_to(out)) for p in entry.rglob("*") if p.is_file()] if nested else [entry.name]
+    return sorted(found)
+
+
 @pytest.mark.parametrize("name", case_params())
 def test_a_commands_own_output_is_replaced_whole_on_a_rerun(name, tmp_path):
     """A clean run writes exactly its names (and makes its output folder); a rerun replaces each of its own files,
@@ -294,14 +332,14 @@ def test_a_commands_own_output_is_replaced_whole_on_a_rerun(name, tmp_path):
     (work / "out" if case.named else work).mkdir(parents=True)  # the folder of a named file is the user's to make
     status, err = run(case, work)
     assert status == 0, err[-3000:]
-    assert sorted(os.listdir(work / "out")) == sorted(case.names)
-    files = [work / "out" / n for n in case.names if (work / "out" / n).is_file() and not n.startswith(".")]
+    assert written(work / "out") == sorted(case.names)
+    files = [work / "out" / n for n in case.names if (work / "out" / n).is_file() and not Path(n).name.startswith(".")]
     damaged = {p: damage(p) for p in files}
     if name == "study.offpolicy --out":  # a warm-start is made again only once its folder has gone
         shutil.rmtree(work / "out" / "warm-s0")
     status, err = run(case, work)
     assert status == 0, err[-3000:]
-    assert sorted(os.listdir(work / "out")) == sorted(case.names)
+    assert written(work / "out") == sorted(case.names)
     for path, old in damaged.items():
         assert path.read_bytes() != old and len(path.read_bytes()) > len(old), path
 
