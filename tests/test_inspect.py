@@ -502,6 +502,7 @@ def test_every_view_draws_its_legend_and_a_pinned_token_shows_what_happened_and_
         assert "hypothetical: what PPO-clip would have done" in pinned[0]
         assert "hypothetical: what TROLL would have done" in pinned[1]
         assert len(re.findall(r'class="tok[^"]* sel"', shown)) == 2
+        assert "— hypothetical: what PPO-clip would have done —" in shown  # in a hovered token's figures too
     earlier = dom(out, "#step=5")
     assert 'data-step="5"' in earlier and "troll, step 5" in earlier and 'data-colour="update"' in earlier
 

@@ -335,7 +335,7 @@ function render(step) {
       s.text.forEach((text, t) => {
         const span = el('span', 'tok', text.replace(/ /g, '\u2423').replace(/\n/g, '\u23ce') || '\u2205');
         span.dataset.t = t; span.dataset.projected = s.projected[t]; span.dataset.clipped = s.clipped[t];
-        span.title = figures(run, s, t).filter(f => f.length > 1).map(([k, v]) => k + ': ' + v).join('\n');
+        span.title = figures(run, s, t).map(([k, v]) => v === undefined ? '— ' + k + ' —' : k + ': ' + v).join('\n');
         span.addEventListener('click', () => show(run, s, t, span));
         span._v = [run, s, t];
         div.appendChild(span);
