@@ -242,7 +242,7 @@ function fmt(x) {
   if (s.includes('.')) s = s.replace(/0+(e|$)/, '$1').replace(/\.(e|$)/, '$1');
   return s;
 }
-const acts = run => ({troll: 'ball', ppo_clip: 'clip'})[run.loss] || null;
+const acts = run => DATA.acts[run.loss] || null;  // which of the two the run's loss applies (ACTS)
 function figures(run, s, t) {  // [[heading], [key, value, hypothetical], ...]
   const e = v => v === null ? null : Math.exp(v), a = acts(run);
   const ball = [['projected (KL > eps)', s.projected[t] ? 'yes' : 'no'],
@@ -409,6 +409,7 @@ def page(runs: list[tuple[str, dict, list[dict], dict[int, float]]], step: int, 
     data = {
         "colour": colour,
         "step": step,
+        "acts": ACTS,
         "runs": [
             {"name": name, "settings": {k: cfg[k] for k in SHOWN if k in cfg}, "loss": cfg.get("loss", rows[0]["loss"]),
              "eps": rows[0]["eps"], "clip_low": rows[0]["clip_low"], "clip_high": rows[0]["clip_high"],
