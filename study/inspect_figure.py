@@ -85,17 +85,22 @@ def train(work: Path, name: str) -> Path:
 
 
 def files_of(run: Path) -> dict[str, bytes]:
-    """What the figure keeps of a run: its config, its records and its evaluations."""
-    evals = [{"step": r["step"], "eval_acc": r["eval_acc"]} for r in map(json.loads, (run / "metrics.jsonl").open())
-             if "eval_acc" in r]  # fmt: skip
+    """What the figure keeps of a run: its config, its records and its evaluations (metrics.jsonl read through its
+    schema, troll.runfiles)."""
+    from troll.runfiles import read_metrics
+
+    evals = [{"step": r["step"], "eval_acc": r["eval_acc"]} for r in read_metrics(run) if "eval_acc" in r]
     return {"config.json": (run / "config.json").read_bytes(), "tokens.jsonl": (run / "tokens.jsonl").read_bytes(),
             "metrics.jsonl": "".join(json.dumps(r) + "\n" for r in evals).encode()}  # fmt: skip
 
 
 def pins(folder: Path) -> str:
-    """The page address's pins: the `#` of the first sample at STEP that both runs drew alike, in both panels."""
-    rows = {name: next(json.loads(line) for line in (folder / name / "tokens.jsonl").open()
-                       if json.loads(line)["step"] == STEP) for name in RUNS}  # fmt: skip
+    """The page address's pins: the `#` of the first sample at STEP that both runs drew alike, in both panels
+    (tokens.jsonl read through troll.records' schema)."""
+    from troll import records
+    from troll.inspect import at_step
+
+    rows = {name: at_step(records.read(folder / name), STEP) for name in RUNS}
     other = {s["index"]: s["text"] for s in rows["ppo"]["samples"]}
     for s in rows["troll"]["samples"]:
         if "#" in s["text"] and other.get(s["index"]) == s["text"]:
