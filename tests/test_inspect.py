@@ -44,7 +44,8 @@ def row(step: int, loss: str, texts: list[str] = TEXTS) -> dict:
               "p": [0.52, 0.6, 0.9, 0.016, 0.2], "p_after": [0.55, 0.61, 0.9, 0.05, 0.2],
               "kl": [1e-4, 0.0, 0.0, 0.09, 0.0], "projected": [0, 0, 0, 1, 0],
               "log_ratio": [math.log(1.04), 0.0, 0.0, math.log(1.6), 0.0],
-              "log_ratio_proj": [math.log(1.04), 0.0, 0.0, math.log(1.3), 0.0], "clipped": [0, 0, 0, 1, 0]}  # fmt: skip
+              "log_ratio_proj": [math.log(1.04), 0.0, 0.0, math.log(1.3), 0.0], "clipped": [0, 0, 0, 1, 0],
+              "train_row": 485, "gold": "89#", "completion": "980#"}  # fmt: skip
     return {"step": step, "loss": loss, "eps": 0.05, "clip_low": 0.2, "clip_high": 0.2, "level": "token",
             "samples": [sample]}  # fmt: skip
 
@@ -63,6 +64,16 @@ def fake_run(root: Path, name: str, loss: str, steps=(5, 10), texts: list[str] =
     return out
 
 
+def loaded(run: Path) -> tuple[str, dict, list[dict], dict[int, float]]:
+    """A run as troll.inspect's page takes it: its name, config, every records row (read whole) and evaluations."""
+    cfg, recs, evals = tinspect.load(str(run))
+    return str(run), cfg, recs.rows(), evals
+
+
+def steps_of(runs: list[tuple[str, dict, list[dict], dict]]) -> dict[str, list[int]]:
+    return {name: [r["step"] for r in rows] for name, _, rows, _ in runs}
+
+
 def data_of(page: str) -> dict:
     return json.loads(embedded(page))
 
@@ -75,8 +86,8 @@ def embedded(page: str) -> str:
 def test_page_is_self_contained_and_holds_both_runs_every_step_and_their_accuracy(tmp_path):
     a = fake_run(tmp_path, "troll", "troll", evals={0: 0.1, 10: 0.3})
     b = fake_run(tmp_path, "ppo", "ppo_clip")
-    shown = [(str(r), *tinspect.load(str(r))) for r in (a, b)]
-    step = tinspect.pick_step(shown, None)
+    shown = [loaded(r) for r in (a, b)]
+    step = tinspect.pick_step(steps_of(shown), None)
     assert step == 10
     page = tinspect.page(shown, step)
     assert not re.search(r"https?://|src=|href=|@import|url\(", page)  # nothing to fetch
@@ -102,8 +113,7 @@ def test_the_page_holds_at_most_max_steps_of_a_run_the_first_shown_and_last_kept
         assert len(kept) <= 10 and {1, 100, shown} <= set(kept) and kept == sorted(set(kept))
     assert tinspect.kept_steps([3, 5], 5, 10) == [3, 5]
     run = fake_run(tmp_path, "long", "troll", steps=range(1, 2 * tinspect.MAX_STEPS + 1))
-    loaded = [(str(run), *tinspect.load(str(run)))]
-    rows = data_of(tinspect.page(loaded, 7))["runs"][0]["rows"]
+    rows = data_of(tinspect.page([loaded(run)], 7))["runs"][0]["rows"]
     assert len(rows) <= tinspect.MAX_STEPS and 7 in [r["step"] for r in rows]
 
 
@@ -111,7 +121,7 @@ SCRIPT_BREAKERS = ("<", ">", "&", "\u2028", "\u2029")  # what the embedded JSON 
 
 
 def test_the_embedded_data_round_trips_and_no_text_can_end_or_stop_the_script(tmp_path):
-    cfg, rows, evals = tinspect.load(str(fake_run(tmp_path, "run", "troll", texts=HOSTILE)))
+    _, cfg, rows, evals = loaded(fake_run(tmp_path, "run", "troll", texts=HOSTILE))
     name = "run </script><!--<script>"  # a run's name is the path given: text in the page too
     page = tinspect.page([(name, cfg, rows, evals)], 10)
     blob = embedded(page)
@@ -137,10 +147,10 @@ def test_any_text_in_the_page_round_trips_and_cannot_end_or_stop_the_script(text
 
 def test_steps_and_files_are_refused_with_the_way_forward(tmp_path):
     a, b = fake_run(tmp_path, "a", "troll", (5, 10)), fake_run(tmp_path, "b", "ppo_clip", (5,))
-    shown = [(str(r), *tinspect.load(str(r))) for r in (a, b)]
-    assert tinspect.pick_step(shown, None) == 5
+    shown = [loaded(r) for r in (a, b)]
+    assert tinspect.pick_step(steps_of(shown), None) == 5
     with pytest.raises(UsageError, match=r"--step 10 is not recorded in every run .*b: 5"):
-        tinspect.pick_step(shown, 10)
+        tinspect.pick_step(steps_of(shown), 10)
     with pytest.raises(UsageError, match="is not a run directory"):
         tinspect.load(str(tmp_path / "nowhere"))
     (tmp_path / "c").mkdir()
@@ -209,17 +219,20 @@ def inspect_in_process(*argv: str) -> tuple[int, str, str]:
 # each field of tokens.jsonl as this test knows it, apart from troll.records' table: its kind, whether null is
 # allowed, values outside its range; the per-token fields hold a list of such values, one per token
 KNOWN = {
-    "step": ("integer", False, [0, -1]),
+    "step": ("integer", False, [0, -1, 2**53, 10**20]),  # from 2**53 on, JavaScript's numbers run together
     "loss": ("string", False, []),
     "eps": ("number", False, [-0.05]),
     "clip_low": ("number", False, [-0.2]),
     "clip_high": ("number", False, [-0.2]),
     "level": ("string", False, ["word", ""]),
     "samples": ("samples", False, []),
-    "index": ("integer", False, [-1]),
+    "index": ("integer", False, [-1, 2**53 + 1]),
     "adv": ("number", True, []),
     "reward": ("number", True, []),
     "prompt": ("string", False, []),
+    "train_row": ("integer", True, [-1]),
+    "gold": ("string", True, []),
+    "completion": ("string", True, []),
     "text": ("string", False, []),
     "q": ("number", True, [1.5, -0.1]),
     "p_before": ("number", True, [1.5, -0.25]),

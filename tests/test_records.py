@@ -21,10 +21,14 @@ B, T, V = 6, 4, 7
 
 
 class Tokenizer:
-    """Decodes id i as a letter, so a token's text names its id."""
+    """Decodes id i as a letter, so a token's text names its id; id 0 is the special end token ("<e>"), which a
+    completion's text leaves out (troll.task.decode)."""
 
-    def decode(self, ids):
-        return "".join(chr(ord("a") + i % 26) for i in ids)
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join("<e>" if i == 0 else chr(ord("a") + i % 26) for i in ids if i or not skip_special_tokens)
+
+    def batch_decode(self, seqs, skip_special_tokens=False):
+        return [self.decode(ids, skip_special_tokens) for ids in seqs]
 
     def __len__(self):
         return V
@@ -33,7 +37,7 @@ class Tokenizer:
 def cfg_of(**kw):
     base = dict(records_samples=4, records_every=0, eval_every=5, steps=12, micro_batch_tokens=2 * (2 + T),
                 support="rest", k=V, delta=0.0, eps=0.05, level="token", clip_low=0.2, clip_high=0.28,
-                loss="troll", logits_chunk=0, bf16=False, max_new_tokens=T)  # fmt: skip
+                loss="troll", logits_chunk=0, bf16=False, max_new_tokens=T, max_prompt_len=2)  # fmt: skip
     return SimpleNamespace(**(base | kw))
 
 
@@ -50,7 +54,8 @@ def batch_of(seed=0):
         temperature=1.0,
     )  # fmt: skip
     adv = torch.tensor([1.5, -0.7, 0.9, -1.2, 0.0, 2.0], dtype=torch.float32)
-    return Batch(ro, (adv > 0).float(), adv, torch.Generator().get_state(), 0.0, 0.0), q_logits
+    rows, golds = [10 + i for i in range(B)], ["b" * (i % 3) for i in range(B)]
+    return Batch(ro, (adv > 0).float(), adv, torch.Generator().get_state(), 0.0, 0.0, rows, golds), q_logits
 
 
 def dense_projected_ratio(lp: torch.Tensor, lq: torch.Tensor, y: int, eps: float) -> float:
@@ -107,12 +112,15 @@ def test_records_match_a_dense_float64_computation_and_leave_the_loss_alone(loss
         n = int(ro.completion_mask[i].sum())
         assert len(s["text"]) == n and s["adv"] == pytest.approx(a, rel=1e-3)
         assert s["p_after"] == s["p_before"] == [None] * n  # no model given, `after` not called: unknown, not made up
+        ids = ro.completion_ids[i, :n].tolist()
+        assert (s["prompt"], s["train_row"], s["gold"]) == ("bc", 10 + i, batch.golds[i])  # what re-checks it
+        assert s["completion"] == "".join(chr(ord("a") + y) for y in ids if y)  # the end token left out
         for t in range(n):
             y = int(ro.completion_ids[i, t])
             lp, lq = torch.log_softmax(p_logits[i, t], -1), torch.log_softmax(q_logits[i, t], -1)
             kl = float((lp.exp() * (lp - lq)).sum())
             r = math.exp(float(lp[y] - lq[y]))
-            assert s["text"][t] == chr(ord("a") + y)
+            assert s["text"][t] == Tokenizer().decode([y])
             assert close(s["q"][t], math.exp(float(lq[y]))) and close(s["p"][t], math.exp(float(lp[y])))
             assert abs(s["kl"][t] - kl) <= 1e-12 and s["projected"][t] == int(kl > 0.05)  # exact: float64 in, kept
             assert s["log_ratio"][t] == pytest.approx(math.log(r), abs=1e-12)
@@ -190,13 +198,14 @@ def test_which_samples_and_steps_are_recorded():
 
 
 def test_a_row_stays_within_its_byte_bound():
-    cfg = cfg_of(max_new_tokens=3, records_samples=2)
-    worst = -1.234e-100
-    sample = {"index": 10**6, "adv": worst, "reward": worst, "prompt": "\u2603" * records.PROMPT_CHARS}
+    cfg = cfg_of(max_new_tokens=3, records_samples=2, max_prompt_len=5)
+    worst, most = -1.234e-100, records.MAX_INTEGER
+    sample = {"index": most, "adv": worst, "reward": worst, "prompt": "\u2603" * 5 * records.TEXT_CHARS,
+              "train_row": most, "gold": "\u2603" * records.GOLD_CHARS, "completion": "\u2603" * 3 * records.TEXT_CHARS}
     sample |= {"text": ["\u2603" * records.TEXT_CHARS] * 3, "projected": [1] * 3, "clipped": [1] * 3}
     sample |= {k: [worst] * 3 for k in ("q", "p_before", "p", "p_after")}
     sample |= {k: [-1.2345678901234567e-100] * 3 for k in ("kl", "log_ratio", "log_ratio_proj")}  # exact: longest
-    row = {"step": 10**6, "loss": "ppo_clip", "eps": worst, "clip_low": worst, "clip_high": worst,
+    row = {"step": most, "loss": "ppo_clip", "eps": worst, "clip_low": worst, "clip_high": worst,
            "level": "sequence", "samples": [sample] * 2}  # fmt: skip
     assert len((json.dumps(row) + "\n").encode()) <= records.row_bytes_bound(cfg)
     assert records.fig(1 / 3) == 0.3333 and records.fig(float("nan")) is None and records.fig(math.inf) is None
@@ -207,7 +216,7 @@ def good_row(step=1):
     sample = {"index": 0, "adv": 1.0, "reward": 1.0, "prompt": "1+2=", "text": ["3", "#"], "q": [0.5, 0.01],
               "p_before": [0.5, 0.015], "p": [0.5, 0.02], "p_after": [0.6, 0.03], "kl": [0.0, 0.07],
               "projected": [0, 1], "log_ratio": [0.0, math.log(2.0)], "log_ratio_proj": [0.0, math.log(1.5)],
-              "clipped": [0, 1]}  # fmt: skip
+              "clipped": [0, 1], "train_row": 12, "gold": "3#", "completion": "3#"}  # fmt: skip
     return {"step": step, "loss": "troll", "eps": 0.05, "clip_low": 0.2, "clip_high": 0.2, "level": "token",
             "samples": [sample]}  # fmt: skip
 
@@ -240,11 +249,16 @@ def line_of(row: dict) -> str:
         (line_of(sample_with(q=[0.5, 1.2])), "line 1: samples[0].q[1] is 1.2, expected a number in [0, 1] or null"),
         (line_of(sample_with(projected=[0, True])), "line 1: samples[0].projected[1] is true, expected 0 or 1"),
         (line_of(sample_with(p_before=[1.0, -2.0])), "line 1: samples[0].p_before[1] is -2.0, expected a number in"),
-        (line_of(sample_with(ratio=[1.0, 2.0])), "line 1: samples[0].ratio is not a field of tokens.jsonl (version 2)"),
+        (line_of(sample_with(ratio=[1.0, 2.0])), "line 1: samples[0].ratio is not a field of tokens.jsonl (version 3)"),
         (line_of(good_row()).replace('"adv": 1.0', '"adv": NaN'), "line 1: samples[0].adv is NaN"),
         (line_of(good_row()).replace('"reward": 1.0', '"reward": 1' + "0" * 400), "line 1: samples[0].reward is 1000"),
         (line_of(good_row() | {"level": "word"}), 'line 1: level is "word", expected one of "token", "sequence"'),
-        (line_of(good_row() | {"step": 0}), "line 1: step is 0, expected an integer >= 1"),
+        (line_of(good_row() | {"step": 0}), "line 1: step is 0, expected an integer in [1, 9007199254740991]"),
+        # a step or an index the page's numbers cannot tell from the next one
+        (line_of(good_row() | {"step": 2**53}), "line 1: step is 9007199254740992, expected an integer in [1, 9007"),
+        (line_of(sample_with(index=2**53 + 1)), "line 1: samples[0].index is 9007199254740993, expected an integer"),
+        (line_of(sample_with(gold=85)), "line 1: samples[0].gold is 85, expected a string or null"),
+        (line_of(sample_with(train_row=-1)), "line 1: samples[0].train_row is -1, expected an integer >= 0 or null"),
         (line_of(good_row() | {"samples": [[]]}), "line 1: samples[0] is [], expected an object"),
         (line_of(sample_with(entropy=[1, 2])), "line 1: samples[0].entropy is not a field of tokens.jsonl"),
         (line_of(good_row()) + "\n" + line_of(good_row(2) | {"eps": "0.05"}), 'line 3: eps is "0.05", expected a'),
@@ -266,8 +280,8 @@ def test_the_schema_declares_every_field_the_recorder_writes_and_reads_a_good_ro
                               "clipped")  # fmt: skip
     assert set(good_row()["samples"][0]) == set(records.SAMPLE_KEYS) and set(good_row()) == set(records.ROW)
     assert records.row_problem(good_row()) is None and records.row_problem(sample_with(p_after=[None, None])) is None
-    assert [records.SAMPLE[k].wants() for k in ("q", "projected", "index")] == [
-        "a number in [0, 1] or null", "0 or 1", "an integer >= 0"]  # fmt: skip
+    assert [records.SAMPLE[k].wants() for k in ("q", "projected", "index", "train_row")] == [
+        "a number in [0, 1] or null", "0 or 1", "an integer in [0, 9007199254740991]", "an integer >= 0 or null"]
     assert all(spec.since <= records.VERSION for spec in (*records.ROW.values(), *records.SAMPLE.values()))
     assert records.cut(1.0, [0.0, math.log(2.0)], "token", 0.2, 0.2) == good_row()["samples"][0]["clipped"]
     empty = sample_with(**dict.fromkeys(records.FIELDS, []))
@@ -282,9 +296,90 @@ def test_a_torn_last_line_is_skipped_as_resume_drops_it(tmp_path):
 
 def test_a_version_1_file_reads_in_the_newest_fields(tmp_path):
     """Version 1 stored the ratios (4 digits) and no p before the update: read as log-ratios, p_before unknown."""
-    v1 = {k: v for k, v in good_row()["samples"][0].items() if k not in ("p_before", "log_ratio", "log_ratio_proj")}
+    v1 = {k: v for k, v in good_row()["samples"][0].items() if k not in ("p_before", "log_ratio", "log_ratio_proj",
+                                                                         *NEW_IN_3)}  # fmt: skip
     v1 |= {"ratio": [1.0, 2.0], "ratio_proj": [1.0, 1.5]}
     (tmp_path / records.FILE).write_text(line_of(good_row() | {"samples": [v1]}))
     [row] = records.read(tmp_path)
-    assert row == good_row() | {"samples": [good_row()["samples"][0] | {"p_before": [None, None]}]}
+    unknown = {"p_before": [None, None]} | dict.fromkeys(NEW_IN_3)
+    assert row == good_row() | {"samples": [good_row()["samples"][0] | unknown]}
     assert records.row_problem(row) is None  # what the reader returns is a newest-version row
+
+
+NEW_IN_3 = ("train_row", "gold", "completion")
+
+
+def test_a_version_2_file_reads_with_its_reward_unchecked(tmp_path):
+    """Version 2 kept no problem row, gold or completion: read as unknown (null); a version 2 row with one of them,
+    or a version 3 row without, is refused."""
+    v2 = {k: v for k, v in good_row()["samples"][0].items() if k not in NEW_IN_3}
+    (tmp_path / records.FILE).write_text(line_of(good_row() | {"samples": [v2]}))
+    [row] = records.read(tmp_path)
+    assert row == good_row() | {"samples": [good_row()["samples"][0] | dict.fromkeys(NEW_IN_3)]}
+    assert records.row_problem(row) is None
+    half = good_row() | {"samples": [v2 | {"gold": "3#"}]}
+    assert records.row_problem(half) == ("samples[0].train_row", "is missing")
+
+
+def test_a_batch_pickled_before_it_kept_problems_and_golds_records_them_unknown():
+    """A pending batch (--staleness) saved in a checkpoint before Batch kept train_rows and golds loads with both
+    None (the class's defaults), and its records say so (null) instead of failing."""
+    import pickle
+
+    batch, q_logits = batch_of()
+    for name in ("train_rows", "golds"):
+        del batch.__dict__[name]  # what such a checkpoint pickled: the fields of then
+    old = pickle.loads(pickle.dumps(batch))
+    assert (old.train_rows, old.golds) == (None, None)
+    ro = old.ro
+    rec = records.Recorder(cfg_of(records_samples=2), Tokenizer(), step=0)
+    q = sparsify(q_logits.reshape(-1, V), ro.completion_ids.reshape(-1), k=V, delta=0.0)
+    wrapped = rec.watch(LOSSES["troll"], old, [torch.arange(B)])
+    for rows in ro.micro_batches(rec.cfg.micro_batch_tokens, torch.arange(B)):
+        wrapped(q_logits[rows], ro.completion_ids[rows], ro.completion_mask[rows], old.adv[rows], q.samples(rows, T))
+    row = json.loads(json.dumps(rec.row()))
+    assert records.row_problem(row) is None
+    assert all((s["train_row"], s["gold"]) == (None, None) and s["completion"] for s in row["samples"])
+
+
+def records_file(tmp_path, steps, damaged=()):
+    """A tokens.jsonl of good rows at `steps`, those at `damaged` broken after their step (a field not as declared,
+    then text that is not JSON)."""
+    lines = []
+    for step in steps:
+        line = line_of(good_row(step))
+        lines.append(line.replace('"eps": 0.05', '"eps": "x", ]{') if step in damaged else line)
+    (tmp_path / records.FILE).write_text("".join(lines))
+
+
+def test_records_read_a_row_whole_only_when_asked_for_it(tmp_path, monkeypatch):
+    """A long run's file: every step known from its line's head, only the rows asked for read whole and checked
+    (a damaged row not asked for is not read past its step; asked for, it is refused naming its line)."""
+    records_file(tmp_path, range(1, 201), damaged={50, 150})
+    checked = []
+    monkeypatch.setattr(records, "row_problem", lambda row, v=records.VERSION: checked.append(row["step"]))
+    recs = records.Records(tmp_path)
+    assert recs.steps == list(range(1, 201)) and checked == []
+    assert [r["step"] for r in recs.rows({7, 200, 999})] == [7, 200] and checked == [7, 200]
+    monkeypatch.undo()
+    with pytest.raises(UsageError, match=r"tokens.jsonl line 50: not valid JSON .*: the per-token records are dama"):
+        recs.rows({50})
+    with pytest.raises(UsageError, match=r"tokens.jsonl line 50: not valid JSON"):
+        records.read(tmp_path)  # every row, read whole: the first damaged one refused
+
+
+@pytest.mark.parametrize(
+    "line, says",
+    [
+        (line_of(good_row(4)).replace('{"step": 4', '{"step": 3, "step": 4'),
+         "line 2: step is given twice (3, then 4)"),  # JSON keeps the last
+        ('{"step": 07, "loss": "troll"}', "line 2: not valid JSON"),  # a head that is not JSON is read whole
+        ('{"step": 9007199254740992, "loss": "troll"}', "line 2: step is 9007199254740992, expected an integer in"),
+        ('{"step":1e0}', "line 2: step is 1.0, expected an integer"),
+    ],
+)
+def test_a_row_whose_head_is_not_as_written_is_read_whole(tmp_path, line, says):
+    (tmp_path / records.FILE).write_text(line_of(good_row(1)) + line.strip() + "\n")
+    with pytest.raises(UsageError) as e:
+        records.Records(tmp_path).rows()
+    assert says in str(e.value) and "\n" not in str(e.value), str(e.value)

@@ -44,6 +44,7 @@ from pathlib import Path
 
 from troll import outputs
 from troll.cli import Parser, UsageError, run_command
+from troll.records import Records
 
 PROG = "python -m troll.inspect"
 SHOWN = ("task", "loss", "eps", "clip_low", "clip_high", "level", "support", "old_policy", "staleness", "lr",
@@ -53,10 +54,10 @@ MAX_STEPS = 40  # recorded steps a run puts in the page, at most
 ACTS = {"troll": "ball", "ppo_clip": "clip"}  # which of the two a run's loss applies; the other is hypothetical
 
 
-def load(run: str) -> tuple[dict, list[dict], dict[int, float]]:
-    """A run's config (as saved), its per-token records and its held-out accuracy by step (empty without
-    metrics.jsonl); UsageError naming what is missing or damaged."""
-    from troll import records
+def load(run: str) -> tuple[dict, Records, dict[int, float]]:
+    """A run's config (as saved), its per-token records (indexed by step, a row read whole when asked for:
+    troll.records.Records) and its held-out accuracy by step (empty without metrics.jsonl); UsageError naming what
+    is missing or damaged."""
     from troll.runfiles import read_metrics
 
     out = Path(run)
@@ -70,7 +71,7 @@ def load(run: str) -> tuple[dict, list[dict], dict[int, float]]:
         raise UsageError(f"{path} {reason}: pass the --out of a troll.train run") from None
     if not isinstance(cfg, dict):
         raise UsageError(f"{path} does not hold a JSON object: pass the --out of a troll.train run")
-    rows = records.read(out)
+    rows = Records(out)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a torn last line: skipped, as resume drops it
@@ -92,9 +93,9 @@ def _not_json(name: str) -> None:
     raise ValueError(f"{name} is not JSON")
 
 
-def pick_step(runs: list[tuple[str, dict, list[dict], dict]], step: int | None) -> int:
-    """The step to show: `step`, which every run must have recorded, or the last step all of them recorded."""
-    have = {name: [r["step"] for r in rows] for name, _, rows, _ in runs}
+def pick_step(have: dict[str, list[int]], step: int | None) -> int:
+    """The step to show: `step`, which every run (name -> its recorded steps) must have recorded, or the last step
+    all of them recorded."""
     listed = "; ".join(f"{name}: {', '.join(map(str, steps))}" for name, steps in have.items())
     common = set.intersection(*(set(s) for s in have.values()))
     if step is None:
@@ -107,9 +108,13 @@ def pick_step(runs: list[tuple[str, dict, list[dict], dict]], step: int | None) 
 
 
 def at_step(rows: list[dict], step: int) -> dict:
+    """The first row at `step`."""
     return next(r for r in rows if r["step"] == step)
 
 
+def shown(recs: Records, step: int) -> list[dict]:
+    """The rows of a run the page holds when it opens at `step` (kept_steps), read whole."""
+    return recs.rows(set(kept_steps(recs.steps, step)))
 
 
 def accuracy_at(evals: dict[int, float], step: int) -> tuple[int, float] | None:
@@ -160,7 +165,8 @@ def text_summary(name: str, cfg: dict, row: dict, evals: dict[int, float] | None
         f"{'ratio*':>7} clip",
     ]
     for s in row["samples"]:
-        lines.append(f"  sample {s['index']}: advantage {_num(s['adv'])}, reward {_num(s['reward'])}, "
+        gold = "" if s["gold"] is None else f", gold {s['gold']!r}"
+        lines.append(f"  sample {s['index']}: advantage {_num(s['adv'])}, reward {_num(s['reward'])}{gold}, "
                      f"prompt {s['prompt'][-40:]!r}")  # fmt: skip
         for t, text in enumerate(s["text"][:TEXT_TOKENS]):
             lines.append(
@@ -193,7 +199,8 @@ h1 { font-size: 17px; margin: 0 0 6px; }
 .sample { margin: 8px 0; padding-top: 6px; border-top: 1px solid #eee; }
 .shead { font-size: 12px; color: #555; margin-bottom: 3px; }
 .badge { background: #e8eefc; color: #234; border-radius: 3px; padding: 0 4px; margin-left: 4px; }
-.prompt { font-family: ui-monospace, monospace; color: #888; }
+.prompt { font-family: ui-monospace, monospace; color: #888; white-space: pre-wrap; }
+.gold { font-family: ui-monospace, monospace; color: #555; }
 .tok { font-family: ui-monospace, monospace; font-size: 15px; padding: 2px 2px; margin: 0 1px; border-radius: 3px;
        border: 1px solid transparent; cursor: pointer; white-space: pre; display: inline-block; }
 .tok.over { border-color: #000; }
@@ -330,6 +337,7 @@ function render(step) {
       const head = el('div', 'shead', 'sample ' + s.index + ' · advantage ' + fmt(s.adv) + ' · reward ' +
                       fmt(s.reward) + ' · ');
       head.appendChild(el('span', 'prompt', s.prompt));
+      if (s.gold !== null) head.appendChild(el('span', 'gold', ' · gold ' + JSON.stringify(s.gold)));
       if (shared[s.index]) head.appendChild(el('span', 'badge', 'in both panels: ' + shared[s.index]));
       div.appendChild(head);
       s.text.forEach((text, t) => {
@@ -365,24 +373,32 @@ function paint() {
   });
   if (q.note) legend.appendChild(el('span', 'note', '(' + q.note + ')'));
 }
+// the address: #colour=VIEW&step=STEP&pin=RUN.SAMPLE.TOKEN,... (each part optional). Its values are looked up
+// among the page's own: a view among Q's own keys (not `constructor`, which every object inherits), a step or an
+// index written in decimal digits (`01` is 1; `1e0`, ` 1`, `1.0` are not numbers here) and exact (2**53 - 1 at most,
+// as the records' schema bounds them); anything else is left for the default view and step
+const HASH = new URLSearchParams(location.hash.replace(/^#/, ''));
+const own = (obj, key) => key !== null && Object.prototype.hasOwnProperty.call(obj, key);
+const whole = v => /^[0-9]+$/.test(v) && Number.isSafeInteger(+v) ? +v : null;  // a decimal integer, or null
 function pin(p) {  // RUN.SAMPLE.TOKEN: that token's figures shown, as if clicked
-  const m = /^(\d+)\.(\d+)\.(\d+)$/.exec(p), sec = m && document.querySelectorAll('.run')[+m[1]];
-  const span = sec && sec.querySelector('.sample[data-index="' + m[2] + '"] .tok[data-t="' + m[3] + '"]');
+  const parts = p.split('.').map(whole);
+  if (parts.length !== 3 || parts.includes(null)) return;
+  const [r, i, t] = parts, sec = document.querySelectorAll('.run')[r];
+  const span = sec && sec.querySelector('.sample[data-index="' + i + '"] .tok[data-t="' + t + '"]');
   if (span) show(span._v[0], span._v[1], span._v[2], span);
 }
-// the address: #colour=VIEW&step=STEP&pin=RUN.SAMPLE.TOKEN,... (each part optional)
-const HASH = Object.fromEntries(location.hash.replace(/^#/, '').split('&').map(p => p.split('=')));
 const sel = document.getElementById('colour'), steps = document.getElementById('step');
 Object.entries(Q).forEach(([k, q]) => sel.appendChild(Object.assign(el('option', null, q.label), {value: k})));
 const ALL = [...new Set(DATA.runs.flatMap(run => run.rows.map(r => r.step)))].sort((a, b) => a - b);
 ALL.forEach(s => steps.appendChild(Object.assign(el('option', null, String(s)), {value: String(s)})));
-sel.value = HASH.colour in Q ? HASH.colour : DATA.colour;
-steps.value = ALL.includes(+HASH.step) ? HASH.step : String(DATA.step);
+const asked = whole(HASH.get('step') || '');
+sel.value = own(Q, HASH.get('colour')) ? HASH.get('colour') : DATA.colour;
+steps.value = String(ALL.includes(asked) ? asked : DATA.step);
 sel.addEventListener('change', paint);
 steps.addEventListener('change', () => { render(+steps.value); paint(); });
 render(+steps.value);
 paint();
-(HASH.pin || '').split(',').forEach(pin);
+(HASH.get('pin') || '').split(',').forEach(pin);
 document.body.dataset.ready = '1';
 """
 
@@ -456,7 +472,8 @@ def main(argv: list[str] | None = None) -> None:
         if not page_file.path.parent.is_dir():
             raise UsageError(f"--out {args.out}: its folder does not exist: create it, or choose another path")
     loaded = [(run, *load(run)) for run in args.runs]
-    step = pick_step(loaded, args.step)
+    step = pick_step({name: recs.steps for name, _, recs, _ in loaded}, args.step)
+    loaded = [(name, cfg, shown(recs, step), evals) for name, cfg, recs, evals in loaded]  # each run's <= MAX_STEPS
     for name, cfg, rows, evals in loaded:
         print(text_summary(name, cfg, at_step(rows, step), evals))
     if page_file is not None:

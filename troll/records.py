@@ -19,12 +19,25 @@ with the highest advantage, the rest with the lowest; ties to the lower index), 
                     or A < 0 and r < 1 - clip_low, r = exp(log_ratio), or with --level sequence the response's GSPO
                     ratio exp(mean_t log_ratio_t)
 
-and per sample its index in the batch, advantage, reward and the prompt's last PROMPT_CHARS characters. Every run
-records the same fields, whatever its loss: the projection is computed with troll.project at the config's eps
-(0.05 unless given) under PPO-clip, DPPO or CISPO too, as a diagnostic: what the other method would have done.
-Exact where it decides: kl, log_ratio and log_ratio_proj keep every digit of their float64 value, and `clipped` is
-computed from the stored log_ratio by `cut`, so every flag re-derives from the file (projected: kl > eps; clipped:
-`cut`), at the sequence level's 3e-4 clip range too; the probabilities and the advantage keep 4 significant digits.
+and per sample what re-checks its reward, and its figures:
+
+    index           its index in the batch
+    adv, reward     its advantage and reward
+    prompt          the prompt, whole (its last TEXT_CHARS characters per prompt token, --max_prompt_len, at most)
+    train_row       the index of its problem in the task's training split (troll.task.Task.train)
+    gold            the gold answer its reward was scored against (at most GOLD_CHARS characters: every task's is
+                    shorter)
+    completion      the completion's text as the reward scored it (troll.task.decode: special tokens removed; at
+                    most TEXT_CHARS characters per token, --max_new_tokens), so task.reward(completion, gold) is
+                    its reward
+
+(train_row and gold are null for a batch sampled ahead, --staleness, and pickled in a checkpoint before records kept
+them). Every run records the same fields, whatever its loss: the projection is computed with troll.project at the
+config's eps (0.05 unless given) under PPO-clip, DPPO or CISPO too, as a diagnostic: what the other method would
+have done. Exact where it decides: kl, log_ratio and log_ratio_proj keep every digit of their float64 value, and
+`clipped` is computed from the stored log_ratio by `cut`, so every flag re-derives from the file (projected: kl >
+eps; clipped: `cut`), at the sequence level's 3e-4 clip range too; the probabilities and the advantage keep 4
+significant digits.
 A row is at most `row_bytes_bound(cfg)` bytes (samples x max_new_tokens tokens, each bounded).
 
 How the values are taken: `Recorder.watch` wraps the step's loss function (troll.train's `loss_fn` seam) and
@@ -36,17 +49,22 @@ with the chunked head).
 
 The file's schema is declared once, in troll.schema's terms (ROW, SAMPLE: each field's kind, whether null is
 allowed, its range, per token or not, the versions of the file that have it: version 1 stored the ratios themselves
-at 4 digits and no p_before). `read`, the reader for troll.inspect, checks every row against it and returns it in
-the newest version's fields (`upgraded`): a missing, empty or damaged file, or a row whose field is missing,
-unknown or not as declared, is one UsageError naming the file, the line and the field, with the way forward; never
-a traceback. torch is imported where the recorder runs, so the reader loads without it.
+at 4 digits and no p_before; version 2 the prompt's last 160 characters, no train_row, gold or completion). A step
+or a sample's index is at most 2**53 - 1 (MAX_INTEGER): the page's numbers (JavaScript's) tell every such integer
+apart. `read`, the reader, checks every row against it and returns it in the newest version's fields (`upgraded`): a
+missing, empty or damaged file, or a row whose field is missing, unknown or not as declared, is one UsageError
+naming the file, the line and the field, with the way forward; never a traceback. `Records` reads a long run's file
+as troll.inspect needs it: every row's step from the head of its line, and whole (checked, upgraded) only the rows
+asked for, so a page of 40 steps out of 30,000 reads 40 rows whole. torch is imported where the recorder runs, so
+the reader loads without it.
 """
 
 from __future__ import annotations
 
+import json
 import math
-import warnings
-from collections.abc import Callable, Sequence
+import re
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -61,7 +79,8 @@ if TYPE_CHECKING:
 
 FILE = "tokens.jsonl"
 TEXT_CHARS = 32  # a token's text is cut to this many characters
-PROMPT_CHARS = 160  # the prompt's last this many characters
+GOLD_CHARS = 100  # the gold answer is kept whole up to this many characters (every task's is shorter)
+MAX_INTEGER = 2**53 - 1  # the largest step or index: JavaScript's numbers tell every integer up to it apart
 DIGITS = 4  # significant digits of the floats that decide nothing (probabilities, advantage, reward)
 
 
@@ -69,7 +88,7 @@ DIGITS = 4  # significant digits of the floats that decide nothing (probabilitie
 
 PROBABILITY = Spec("number", null=True, low=0, high=1, per_token=True)
 ROW: dict[str, Spec] = {  # a row: one recorded step
-    "step": Spec("integer", low=1),
+    "step": Spec("integer", low=1, high=MAX_INTEGER),
     "loss": Spec("string"),
     "eps": Spec("number", low=0),
     "clip_low": Spec("number", low=0),
@@ -78,10 +97,13 @@ ROW: dict[str, Spec] = {  # a row: one recorded step
     "samples": Spec("list", words="a list of samples"),  # each an object as SAMPLE declares
 }
 SAMPLE: dict[str, Spec] = {  # one recorded sample: its figures, then its tokens' (columnar)
-    "index": Spec("integer", low=0),
+    "index": Spec("integer", low=0, high=MAX_INTEGER),
     "adv": Spec("number", null=True),
     "reward": Spec("number", null=True),
-    "prompt": Spec("string"),
+    "prompt": Spec("string"),  # versions 1 and 2: its last 160 characters
+    "train_row": Spec("integer", null=True, low=0, since=3),
+    "gold": Spec("string", null=True, since=3),
+    "completion": Spec("string", null=True, since=3),
     "text": Spec("string", per_token=True),
     "q": PROBABILITY,
     "p_before": replace(PROBABILITY, since=2),
@@ -95,7 +117,7 @@ SAMPLE: dict[str, Spec] = {  # one recorded sample: its figures, then its tokens
     "log_ratio_proj": Spec("number", null=True, per_token=True, since=2),
     "clipped": Spec("flag", per_token=True),
 }
-VERSION = 2  # the newest version of the file; `read` reads every version and returns the newest's fields
+VERSION = 3  # the newest version of the file; `read` reads every version and returns the newest's fields
 FIELDS = tuple(k for k, spec in SAMPLE.items() if spec.per_token and spec.until is None)  # per token, columnar
 SAMPLE_KEYS = tuple(k for k, spec in SAMPLE.items() if spec.until is None)  # the newest version's, in order
 ROW_KEYS = tuple(ROW)
@@ -163,11 +185,13 @@ def cut(adv: float | None, log_ratio: Sequence[float | None], level: str, clip_l
 
 
 def row_bytes_bound(cfg: Any) -> int:
-    """An upper bound on one row's size in bytes: every token's text at TEXT_CHARS escaped characters, every
-    float at its longest repr, the prompt at PROMPT_CHARS escaped characters."""
+    """An upper bound on one row's size in bytes: every token's text at TEXT_CHARS escaped characters (6 bytes
+    each, "\\u2603"), every float at its longest repr, the prompt and the completion at TEXT_CHARS escaped characters
+    a token, the gold at GOLD_CHARS."""
     short, whole = len("-1.234e-100, "), len("-1.2345678901234567e-100, ")  # fig's longest, exact's longest
-    per_token = (TEXT_CHARS * 6 + 4) + 4 * short + 3 * whole + 2 * len("0, ")
-    per_sample = 200 + PROMPT_CHARS * 6 + len(FIELDS) * 20 + cfg.max_new_tokens * per_token
+    per_token = (TEXT_CHARS * 6 + 4) + 4 * short + 3 * whole + 2 * len("0, ") + TEXT_CHARS * 6  # + the completion's
+    texts = (cfg.max_prompt_len * TEXT_CHARS + GOLD_CHARS) * 6
+    per_sample = 300 + texts + len(SAMPLE_KEYS) * 20 + cfg.max_new_tokens * per_token
     return 300 + cfg.records_samples * per_sample
 
 
@@ -232,12 +256,11 @@ class Recorder:
         log_r = [exact(x) for x in (s.lp_y - s.lq_y).double()[:n].tolist()]
         a = float(adv[j])
         ids = tokens[j][:n].tolist()
-        prompt = self.tokenizer.decode(batch.ro.prompt_ids[i])
         return {
             "index": i,
             "adv": fig(a),
             "reward": fig(float(batch.rewards[i])),
-            "prompt": prompt[-PROMPT_CHARS:],
+            **self._source(batch, i, ids),
             "text": [self.tokenizer.decode([t])[:TEXT_CHARS] for t in ids],
             "q": _figs(s.lq_y[:n].double().exp()),
             "p_before": self.before.get(i, [None] * n),
@@ -248,6 +271,20 @@ class Recorder:
             "log_ratio": log_r,
             "log_ratio_proj": [exact(x) for x in (proj.log_pi_y.detach() - s.lq_y).double()[:n].tolist()],
             "clipped": cut(fig(a), log_r, cfg.level, cfg.clip_low, cfg.clip_high),
+        }
+
+    def _source(self, batch: Any, i: int, ids: list[int]) -> dict:
+        """Sample `i`'s prompt (whole), its problem's row in task.train, the gold and the completion as the reward
+        scored it (`ids`: its real completion tokens): what re-checks its reward."""
+        from troll.task import decode
+
+        cfg, rows, golds = self.cfg, batch.train_rows, batch.golds  # None: a batch pickled before they were kept
+        [completion] = decode(self.tokenizer, [ids])
+        return {
+            "prompt": self.tokenizer.decode(batch.ro.prompt_ids[i])[-cfg.max_prompt_len * TEXT_CHARS :],
+            "train_row": None if rows is None else rows[i],
+            "gold": None if golds is None else golds[i][:GOLD_CHARS],
+            "completion": completion[: cfg.max_new_tokens * TEXT_CHARS],
         }
 
     def after(self, model: Any, batch: Any) -> None:
@@ -286,7 +323,8 @@ def _figs(x: Tensor) -> list[float | None]:
 
 def upgraded(row: dict) -> dict:
     """A row of any version in the newest version's fields: version 1's ratios as log-ratios (4 digits, so its flags
-    re-derive only as closely), its p before the update unknown (null)."""
+    re-derive only as closely), its p before the update unknown (null); versions 1 and 2's problem row, gold and
+    completion unknown (null)."""
     def log(rs: list) -> list:
         return [None if r is None or r <= 0 else math.log(r) for r in rs]
 
@@ -296,45 +334,97 @@ def upgraded(row: dict) -> dict:
             s = {k: v for k, v in s.items() if k not in ("ratio", "ratio_proj")} | {
                 "p_before": [None] * len(s["text"]), "log_ratio": log(s["ratio"]),
                 "log_ratio_proj": log(s["ratio_proj"])}  # fmt: skip
-        samples.append({k: s[k] for k in SAMPLE_KEYS if k in s})
+        samples.append({k: s.get(k) for k in SAMPLE_KEYS})
     return row | {"samples": samples}
 
 
 # ----------------------------------------------------------------------------- reading
 
+HEAD = re.compile(rb'\{"step": ?(0|[1-9][0-9]{0,15})[,}]')  # a row's line as json.dumps writes it begins so
+DAMAGED = "the per-token records are damaged"
+
+
+class Records:
+    """A run's `<out>/tokens.jsonl`, indexed: `steps`, each row's step in file order, read from the head of its line
+    (`{"step": N, ...`; a line that does not begin so, or whose step the schema refuses, and the last line are read
+    whole at once); `rows(steps)`, the rows at those steps read whole, each checked against the schema (ROW, SAMPLE:
+    any version of the file) and in the newest version's fields (`upgraded`). A missing, empty or damaged file, or
+    a damaged row read whole, is a UsageError naming the file, and for a row its line and field, with the way
+    forward; a torn last line (what a crash leaves) is skipped, as resume drops it. A row not asked for is not read
+    past its step."""
+
+    def __init__(self, out: Path) -> None:
+        self.path = Path(out) / FILE
+        if not self.path.exists():
+            raise UsageError(
+                f"{self.path} does not exist: the run has no per-token records (made before they existed, or with "
+                "--records_samples 0); run it again, or resume it with --records_samples 4"
+            )
+        try:
+            lines = self.path.read_bytes().split(b"\n")  # the last item is b"" when the file ends in a newline
+        except OSError as e:
+            raise UsageError(f"{self.path} cannot be read ({e.strerror or e}): restore it, or remove it (resume starts "
+                             "it again)") from None  # fmt: skip
+        self.index: list[tuple[int, int, bytes]] = []  # (step, line number, the line) of each row, in file order
+        self.whole: dict[int, dict] = {}  # line number -> its row, checked, for the lines read whole already
+        torn = False
+        for n, raw in enumerate(lines, start=1):
+            if not raw.strip():
+                continue
+            head = HEAD.match(raw)
+            if head and ROW["step"].accepts(int(head[1])) and n < len(lines):
+                self.index.append((int(head[1]), n, raw))
+                continue
+            row = self._read(n, raw, last=n == len(lines))
+            torn |= row is None
+            if row is not None:
+                self.whole[n] = row
+                self.index.append((row["step"], n, raw))
+        if not self.index and torn:
+            raise UsageError(f"{self.path} holds only a torn line (a run stopped while writing it): {DAMAGED}; resume "
+                             "the run to rewrite them")  # fmt: skip
+        if not self.index:
+            raise UsageError(f"{self.path} holds no records yet: they are written at the evaluated steps (or "
+                             "--records_every)")  # fmt: skip
+        self.steps = [step for step, _, _ in self.index]
+
+    def rows(self, steps: Collection[int] | None = None) -> list[dict]:
+        """The rows at `steps` (default: every row), in file order, read whole, checked and upgraded."""
+        found = []
+        for step, n, raw in self.index:
+            if steps is not None and step not in steps:
+                continue
+            row = self.whole[n] if n in self.whole else self._read(n, raw, last=False)
+            if row["step"] != step:  # a key given twice: JSON keeps the last
+                raise UsageError(f"{self.path} line {n}: step is given twice ({step}, then {row['step']}): {DAMAGED}; "
+                                 f"restore the file, or delete line {n} to inspect the other steps")  # fmt: skip
+            found.append(upgraded(row))
+        return found
+
+    def _read(self, n: int, raw: bytes, last: bool) -> dict | None:
+        """Line `n`'s row, checked against the schema; None for a torn last line (`last`: no newline after it)."""
+        where = f"{self.path} line {n}"
+        try:
+            row = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            problem = f"not UTF-8 (byte {raw[e.start]:#04x} at column {e.start + 1})"
+        except json.JSONDecodeError as e:
+            problem = f"not valid JSON ({e.msg} at column {e.colno}): {raw[:80].decode('utf-8', 'replace')!r}"
+        except ValueError as e:  # int's limit (4,300 digits)
+            problem = f"not readable ({e})"
+        else:
+            problem = None if type(row) is dict else f"expected a JSON object, got {type(row).__name__}"
+        if problem is not None:
+            if last:
+                return None  # a torn tail: skipped, as resume drops it
+            raise UsageError(f"{where}: {problem}: {DAMAGED}; resume the run to rewrite them")
+        if found := first_problem(lambda v: row_problem(row, v), VERSION):  # no version has the row
+            field, what = found
+            raise UsageError(f"{where}: {field} {what}: {DAMAGED}; restore the file, or delete line {n} to inspect "
+                             "the other steps")  # fmt: skip
+        return row
+
 
 def read(out: Path) -> list[dict]:
-    """The rows of `<out>/tokens.jsonl`, each checked against the schema (ROW, SAMPLE: any version of the file); a
-    UsageError naming the file, and for a row its line and field, with the way forward, when it is missing, empty or
-    damaged (a torn last line, what a crash leaves, is skipped as resume would)."""
-    from troll.checkpoint import read_jsonl
-
-    path = Path(out) / FILE
-    if not path.exists():
-        raise UsageError(
-            f"{path} does not exist: the run has no per-token records (made before they existed, or with "
-            "--records_samples 0); run it again, or resume it with --records_samples 4"
-        )
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # a torn tail: skipped, as resume drops it
-            rows = read_jsonl(path, torn_tail=True)
-        # the lines those rows are on: read_jsonl reads every non-blank line in order, skipping only a torn last one
-        lines = [n for n, raw in enumerate(path.read_bytes().split(b"\n"), start=1) if raw.strip()]
-    except OSError as e:
-        raise UsageError(f"{path} cannot be read ({e.strerror or e}): restore it, or remove it (resume starts it "
-                         "again)") from None  # fmt: skip
-    except ValueError as e:  # read_jsonl's names the file and line; int's limit (4,300 digits) does not
-        where = "" if str(e).startswith(str(path)) else f"{path}: "
-        raise UsageError(f"{where}{e}: the per-token records are damaged; resume the run to rewrite them") from None
-    if not rows and lines:
-        raise UsageError(f"{path} holds only a torn line (a run stopped while writing it): the per-token records are "
-                         "damaged; resume the run to rewrite them")  # fmt: skip
-    if not rows:
-        raise UsageError(f"{path} holds no records yet: they are written at the evaluated steps (or --records_every)")
-    for n, row in zip(lines, rows, strict=False):
-        if found := first_problem(lambda v, row=row: row_problem(row, v), VERSION):  # no version has the row
-            where, what = found
-            raise UsageError(f"{path} line {n}: {where} {what}: the per-token records are damaged; restore the file, "
-                             f"or delete line {n} to inspect the other steps")  # fmt: skip
-    return [upgraded(row) for row in rows]
+    """Every row of `<out>/tokens.jsonl`, read whole and checked (`Records`)."""
+    return Records(out).rows()

@@ -104,9 +104,11 @@ class Rollouts:
 @dataclass
 class Batch:
     """One RL step's data, made when it is sampled (troll.train.collect): the rollouts, their rewards [B] and
-    advantages [B], the random state that goes on to shuffle its minibatches, and what making it cost. Batches
-    sampled ahead (--staleness) are saved in checkpoints, so the class lives here, in an importable module; one
-    pickled with a field since removed (`behaviour`, now troll.diagnostics.behaviour_rate) loads with it unread."""
+    advantages [B], the random state that goes on to shuffle its minibatches, what making it cost, and what the
+    rewards were scored against: each sample's problem (its row in task.train) and gold answer, [B] (troll.records
+    keeps them). Batches sampled ahead (--staleness) are saved in checkpoints, so the class lives here, in an
+    importable module; one pickled with a field since removed (`behaviour`, now troll.diagnostics.behaviour_rate)
+    loads with it unread, and one pickled before a field with a default existed reads the default (the class's)."""
 
     ro: Rollouts
     rewards: Tensor
@@ -114,6 +116,8 @@ class Batch:
     rng_state: Tensor
     time_generate: float
     time_score: float
+    train_rows: list[int] | None = None  # [B] each sample's problem, its index in task.train (None: not kept)
+    golds: list[str] | None = None  # [B] each sample's gold answer (None: not kept)
 
 
 class Generator(Protocol):

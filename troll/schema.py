@@ -80,12 +80,17 @@ class Spec:
         """What one value must be, in words: "a number in [0, 1] or null"."""
         words = "one of " + ", ".join(map(json.dumps, self.choices)) if self.choices else self.words or WORDS[self.kind]
         if math.isfinite(self.low) and math.isfinite(self.high):
-            words += f" in [{self.low:g}, {self.high:g}]"
+            words += f" in [{bound(self.low)}, {bound(self.high)}]"
         elif math.isfinite(self.low):
-            words += f" >= {self.low:g}"
+            words += f" >= {bound(self.low)}"
         elif math.isfinite(self.high):
-            words += f" <= {self.high:g}"
+            words += f" <= {bound(self.high)}"
         return words + " or null" * self.null
+
+
+def bound(x: float) -> str:
+    """A range's end in words: an integer whole (2**53 - 1 as 9007199254740991), a float shortest (0.05)."""
+    return str(x) if type(x) is int else f"{x:g}"
 
 
 def fields_problem(obj: dict, table: Table, version: int, prefix: str = "", file: str = "the file",
@@ -117,9 +122,12 @@ def fields_problem(obj: dict, table: Table, version: int, prefix: str = "", file
 
 def first_problem(problem: Callable[[int], Problem | None], newest: int, oldest: int = 1) -> Problem | None:
     """None when some version from `newest` down to `oldest` of a file has the row (`problem(version)` is None);
-    otherwise what the newest version says is wrong with it."""
-    problems = [problem(v) for v in range(newest, oldest - 1, -1)]
-    return None if not all(problems) else problems[0]
+    otherwise what the newest version says is wrong with it. An older version is asked only when a newer one refuses
+    the row."""
+    first = problem(newest)
+    if first is None or any(problem(v) is None for v in range(newest - 1, oldest - 1, -1)):
+        return None
+    return first
 
 
 def shown(v: Any) -> str:

@@ -71,7 +71,8 @@ def collect(cfg: Config, index: int, tokenizer: Any, generator: Generator, task:
     t0 = time.time()
     seed = cfg.seed * 1_000_003 + index
     rng = torch.Generator().manual_seed(seed)
-    rows = [task.train[i] for i in torch.randint(len(task.train), (cfg.prompts_per_step,), generator=rng).tolist()]
+    drawn = torch.randint(len(task.train), (cfg.prompts_per_step,), generator=rng).tolist()
+    rows = [task.train[i] for i in drawn]
     prompts = encode(tokenizer, [task.prompt(r["question"]) for r in rows])
     ro = generator.generate(  # 1. rollout
         prompts,
@@ -86,7 +87,8 @@ def collect(cfg: Config, index: int, tokenizer: Any, generator: Generator, task:
     texts = decode_rollouts(tokenizer, ro)
     rewards = torch.tensor([task.reward(t, g) for t, g in zip(texts, golds, strict=True)])  # 2. reward
     adv = advantages(cfg.advantage, rewards, ro.group)  # 3. advantages
-    return Batch(ro, rewards, adv, rng.get_state(), t1 - t0, time.time() - t1)
+    train_rows = [drawn[int(g)] for g in ro.group]
+    return Batch(ro, rewards, adv, rng.get_state(), t1 - t0, time.time() - t1, train_rows, golds)
 
 
 def old_policy(cfg: Config, model: Any, ro: Rollouts, vocab: int) -> SparseDist:
