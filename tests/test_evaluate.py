@@ -27,7 +27,9 @@ from troll.evaluate import (
     maj_at_k,
     pass_at_k,
     sample,
+    sampling_calls,
     score,
+    too_many,
 )
 from troll.rollout import to_rollouts
 from troll.tiny import save_tiny, tiny_llama, train_tokenizer
@@ -218,6 +220,57 @@ def test_sample_lays_out_each_problems_samples_in_one_call_or_many():
     assert got == [[[p[0], (2 * i + j) // 3, 0] for j in range(2)] for i, p in enumerate(prompts)]
     draws = random.Random(5)
     assert backend.calls == [(size, 1, draws.randrange(2**63)) for size in (3, 3, 2)]
+
+
+class StopAfterFirstCall(Exception):
+    pass
+
+
+def test_sampling_calls_are_made_one_at_a_time_whatever_the_count():
+    """An absurd --samples costs nothing until its calls run: the first batch comes at once, and `sample` asks for
+    each batch when it makes its call (the repeated prompt list is never built: 4 x 10**12 prompts would not fit)."""
+    prompts = [[10], [11, 1], [12], [13]]
+    calls = sampling_calls(prompts, 10**12, 3)
+    assert next(calls) == ([[10], [10], [10]], 1) and next(calls) == ([[10]] * 3, 1)
+    assert list(sampling_calls(prompts, 2, 3)) == [([[10], [10], [11, 1]], 1), ([[11, 1], [12], [12]], 1),
+                                                   ([[13], [13]], 1)]  # fmt: skip
+    assert list(sampling_calls(prompts, 10**12, None)) == [(prompts, 10**12)]
+
+    class OneCall(NumberedBackend):
+        def generate(self, prompts, n, max_new_tokens, temperature, seed=None):
+            if self.calls:
+                raise StopAfterFirstCall
+            return super().generate(prompts, n, max_new_tokens, temperature, seed)
+
+    backend = OneCall()
+    with pytest.raises(StopAfterFirstCall):
+        sample(backend, prompts, 10**12, 4, 1.0, seed=5, per_call=3)
+    assert [size for size, _, _ in backend.calls] == [3]
+
+
+def test_counts_are_checked_against_the_memory_they_keep():
+    """problems x (1 + samples) x max_new_tokens tokens, each KEPT_BYTES_PER_TOKEN, against the memory free: None
+    when they fit or the memory is unknown, else one line naming the three counts and how to lower them."""
+    gib = 2**30
+    assert too_many(1319, 64, 1024, 16 * gib) is None and too_many(10**6, 10**6, 10**6, None) is None
+    line = too_many(2, 10**9, 2, 3 * gib)
+    assert line is not None and "\n" not in line
+    for said in ("2 problems", "--samples 1000000000", "--max_new_tokens 2", "up to 179 GiB", "3 GiB free",
+                 "pass a smaller --samples, --max_new_tokens or --limit"):  # fmt: skip
+        assert said in line, (said, line)
+    assert "keep more of completions" in too_many(1, 10**400, 1, gib)  # beyond a float: no OverflowError
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--samples", str(10**12)), ("--max_new_tokens", str(10**15)),
+                                             ("--samples", "1" + "0" * 400)])  # fmt: skip
+def test_an_absurd_count_is_one_line_before_the_model_loads(tmp_path, tiny_dir, gsm8k_dir, capsys, monkeypatch,
+                                                            flag, value):  # fmt: skip
+    """An absurd --samples or --max_new_tokens is refused in one line before the model loads, nothing written."""
+    monkeypatch.setattr("troll.evaluate.load_generator", lambda *a: pytest.fail("the model was loaded"))
+    model = ["--model", str(tiny_dir), "--data", str(gsm8k_dir), "--limit", "2"]
+    line = refusal([*model, flag, value, "--out", str(tmp_path / "e")], capsys)
+    assert f"{flag} {value}" in line and "free here" in line
+    assert not (tmp_path / "e").exists()
 
 
 # ------------------------------------------------------------------------------------------ sampled end to end

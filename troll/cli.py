@@ -70,6 +70,7 @@ def run_command(prog: str, main: Callable[[], Any], resume: str | None = None) -
     """Run a command's `main`; a UsageError, an expected failure (`expected`) and Ctrl-C end it with one line, a bug
     with its traceback and a line saying so (module docstring). An int that `main` returns is the exit status
     (troll.check's 1 for a failed check); anything else exits 0."""
+    bars_on_a_terminal_only()
     try:
         with remembered_interrupts() as interrupts:
             status = main()
@@ -132,12 +133,45 @@ def remembered_interrupts() -> Iterator[list[int]]:
 
 
 def bars_on_a_terminal_only() -> None:
-    """Progress bars draw on a terminal only: with stderr sent to a file, huggingface_hub's and transformers' bars
-    (model loading, "Writing model shards") are off, as troll's own are (tqdm's disable=None). They read
-    HF_HUB_DISABLE_PROGRESS_BARS when first imported, so a command calls this before importing them; a value the
-    environment sets is kept."""
-    if not sys.stderr.isatty():
-        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    """Progress bars draw on a terminal only: with stderr sent to a file or a pipe, huggingface_hub's,
+    transformers' and plain tqdm's bars (model loading, "Writing model shards", a GGUF file's conversion) are off, as
+    troll's own are (tqdm's disable=None). `run_command` calls it before a command's work. The libraries read
+    HF_HUB_DISABLE_PROGRESS_BARS and TQDM_DISABLE when first imported, so a command that imports them at its own
+    import calls this first (troll.train); one imported already has its bars turned off through its own switch. A
+    value the environment sets is kept."""
+    if sys.stderr.isatty():
+        return
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    if os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] != "1":  # the user's own choice
+        return
+    if "transformers" in sys.modules:  # its switch read the environment at its import; it turns the hub's off too
+        sys.modules["transformers"].utils.logging.disable_progress_bar()
+    elif "huggingface_hub" in sys.modules:
+        sys.modules["huggingface_hub"].utils.disable_progress_bars()
+
+
+def free_memory() -> int | None:
+    """Bytes of memory this process can still take: the machine's available memory (/proc/meminfo's MemAvailable,
+    else its physical memory), and under an address-space limit (`ulimit -v`, RLIMIT_AS) no more than the limit
+    leaves; None where neither can be read. A command checks what a count implies against it before its work."""
+    try:
+        meminfo = Path("/proc/meminfo").read_text()
+        free = int(next(line.split()[1] for line in meminfo.splitlines() if line.startswith("MemAvailable:"))) * 1024
+    except (OSError, StopIteration, ValueError, IndexError):
+        try:
+            free = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, AttributeError):
+            return None
+    try:
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+        status = Path("/proc/self/status").read_text()
+        used = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmSize:"))) * 1024
+    except (ImportError, OSError, StopIteration, ValueError, IndexError):
+        return free
+    return free if limit == resource.RLIM_INFINITY else max(0, min(free, limit - used))
 
 
 def quiet_interrupt(kind: type[BaseException], value: BaseException, tb: Any) -> None:

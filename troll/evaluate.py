@@ -30,8 +30,11 @@ Sampling (`--samples N`; 0, the default, is greedy only): N completions per prob
 (default 0). `--temperature` or `--seed` given without `--samples` cannot act and is refused. vLLM samples every
 problem in one call (a prompt's N samples share its prefix); the hf backend keeps every step's scores
 (O(samples x tokens x vocabulary)), so it samples the problems, each repeated N times, in calls whose scores take
-about HF_SCORE_BYTES (`sample`). Call c is seeded with the c-th draw of random.Random(--seed): the same flags give
-the same samples on the same backend and machine. For k = 1, 2, 4, ... below N, and N (`ks`):
+about HF_SCORE_BYTES (`sample`), each call's batch made when it comes (`sampling_calls`). What the counts imply is
+checked before the model loads (`too_many`): the completions kept, problems x (1 + N) x --max_new_tokens tokens of
+KEPT_BYTES_PER_TOKEN, must fit in the memory free (troll.cli.free_memory), else one line names the three counts.
+Call c is seeded with the c-th draw of random.Random(--seed): the same flags give the same samples on the same
+backend and machine. For k = 1, 2, 4, ... below N, and N (`ks`):
 
     pass@k  the unbiased estimator of Chen et al. (2021), 1 - C(n - c, k) / C(n, k) for a problem with c of its
             n = N samples correct, in its product form (`pass_at_k`), averaged over problems; pass@1 is the mean
@@ -79,13 +82,13 @@ import os
 import random
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from troll import gsm8k, outputs
 from troll.checkpoint import complete_checkpoints, damage_remedy, damaged_file
-from troll.cli import Parser, UsageError, run_command
+from troll.cli import Parser, UsageError, free_memory, run_command
 from troll.task import GSM8K_FORMAT, decode, encode, load_task, score
 
 if TYPE_CHECKING:
@@ -98,6 +101,7 @@ WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.b
 TOKENIZER = ("tokenizer.json", "tokenizer.model", "vocab.json")
 HF_SCORE_BYTES = 1 << 30  # the hf backend's kept scores per sampling call (`sample`)
 SCORE_BYTES_PER_LOGIT = 12  # generate's float32 scores, their stacked copy and its log_softmax (troll.rollout)
+KEPT_BYTES_PER_TOKEN = 48  # a kept completion token: its id in a Python list and its decoded text (measured: 45)
 OUTPUTS = ("predictions.jsonl", "summary.json")  # what it writes into --out, its marker listing them (troll.outputs)
 
 
@@ -358,18 +362,43 @@ def sample(
     """n sampled completions (token ids, a final EOS included) of each prompt, [prompt][sample], through the
     backend's `generate`: in one call, or (`per_call`) in calls of at most that many samples over the prompts each
     repeated n times. Call c is seeded with the c-th draw of random.Random(seed)."""
-    if per_call is None:
-        calls = [(prompts, n)]
-    else:
-        repeated = [p for p in prompts for _ in range(n)]  # sample b = i * n + j, as one call's layout
-        calls = [(repeated[i : i + per_call], 1) for i in range(0, len(repeated), per_call)]
     seeds = random.Random(seed)
     flat: list[list[int]] = []
-    for batch, m in calls:
+    for batch, m in sampling_calls(prompts, n, per_call):
         ro = generator.generate(batch, m, max_new_tokens, temperature, seed=seeds.randrange(2**63))
         lengths = ro.completion_mask.sum(-1).tolist()
         flat += [ids[:length] for ids, length in zip(ro.completion_ids.tolist(), lengths, strict=True)]
     return [flat[i * n : (i + 1) * n] for i in range(len(prompts))]
+
+
+def sampling_calls(
+    prompts: list[list[int]], n: int, per_call: int | None
+) -> Iterator[tuple[list[list[int]], int]]:
+    """`sample`'s calls, one at a time, as (prompts, samples of each): all the prompts with n samples each, or
+    (`per_call`) the prompts each repeated n times, cut into batches of at most per_call with one sample each (sample
+    b = i * n + j, as one call's layout). A batch is made when its call comes: the repeated list is never held."""
+    if per_call is None:
+        yield prompts, n
+        return
+    total = len(prompts) * n
+    for start in range(0, total, per_call):
+        yield [prompts[b // n] for b in range(start, min(start + per_call, total))], 1
+
+
+def too_many(problems: int, samples: int, max_new_tokens: int, free: int | None) -> str | None:
+    """Why an evaluation of `problems` problems, each with its greedy completion and `samples` sampled ones of up to
+    `max_new_tokens` tokens, cannot keep its completions in `free` bytes (KEPT_BYTES_PER_TOKEN each token), or None
+    when it can (or `free` is unknown). Checked before the model loads, so an absurd count is one line, not a
+    MemoryError after the model's loading."""
+    kept = problems * (1 + samples) * max_new_tokens * KEPT_BYTES_PER_TOKEN
+    if free is None or kept <= free:
+        return None
+    size = f"up to {kept / 2**30:.3g} GiB" if kept < 2**1000 else "more"  # a float holds up to about 2**1024
+    return (
+        f"{problems} problems x (1 + --samples {samples}) completions x --max_new_tokens {max_new_tokens} tokens keep "
+        f"{size} of completions in memory, more than the {free / 2**30:.3g} GiB free here: pass a smaller --samples, "
+        "--max_new_tokens or --limit"
+    )
 
 
 def hf_samples_per_call(max_new_tokens: int, vocab: int) -> int:
@@ -564,6 +593,8 @@ def main(argv: list[str] | None = None) -> dict:
     except (OSError, ValueError) as e:
         fail(str(e))
     rows = spec.test
+    if problem := too_many(len(rows), args.samples, args.max_new_tokens, free_memory()):
+        fail(problem)
     prompts = encode(tokenizer, [spec.prompt(r["question"]) for r in rows])
     backend = args.backend
     if backend == "auto":  # a LoRA checkpoint is merged in memory, which the hf backend evaluates
