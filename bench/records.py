@@ -1,7 +1,9 @@
-"""What per-token records (troll.records) cost a run: one RL step with records and without, paired, on tiny-cpu.
+"""What per-token records (troll.records) cost a run: one RL step with records and without, paired, on tiny-cpu;
+and with --read_mib, what opening a long run's records costs troll.inspect.
 
     python bench/records.py                   # tiny-cpu preset, 10 rounds
     python bench/records.py --repeats 20 --records_samples 8
+    python bench/records.py --read_mib 55 --read_steps 30000    # a long GSM8K run's tokens.jsonl, opened
 
 Each round starts both variants from the same weights, optimiser and scheduler state (restored from a snapshot,
 untimed) and the same step index, so both sample the same rollouts; `off` runs `troll.train.rl_step` as the loop
@@ -12,13 +14,25 @@ bytes of a row against `row_bytes_bound`, and whether both variants' update metr
 nothing the run computes). A run records only at its evaluated steps (every `eval_every`, 25 in tiny-cpu), so its
 overhead is the per-step one divided by eval_every; both are printed. Target: under 5% of the run's time.
 `--records_samples 0` is refused: records of no sample have no cost to measure.
+
+With --read_mib N: a synthetic run folder (config.json, and a tokens.jsonl of about N MiB: --read_steps rows of
+`records_samples` samples, each of as many tokens as the size asks, figures drawn at random with a fixed seed, as
+the recorder writes them) in a temporary folder, then two timings on it: `python -m troll.inspect RUN --out
+page.html` (in this process, its output set aside), which reads each row's step from its line and whole only the
+rows its page shows (troll.records.Records), and `troll.records.read`, every row read whole and checked, as
+troll.inspect read them before. Target: the command within seconds.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import dataclasses
+import io
 import json
+import math
 import os
+import random
 import sys
 import tempfile
 import time
@@ -33,6 +47,7 @@ import torch  # noqa: E402
 import troll.train as train  # noqa: E402
 from bench._util import cpu_user, int_at_least, median  # noqa: E402
 from bench.step import restore, snapshot  # noqa: E402
+from troll import records  # noqa: E402
 from troll.cli import Parser, run_command  # noqa: E402
 from troll.config import Config  # noqa: E402
 from troll.policy import build_model  # noqa: E402
@@ -51,8 +66,14 @@ def main() -> None:
                 epilog="Other flags go to troll.config.Config (e.g. --records_samples 8).")  # fmt: skip
     ap.add_argument("--repeats", type=int_at_least(1), default=10, help="measured rounds (each runs both)")
     ap.add_argument("--warmup", type=int_at_least(0), default=1, help="untimed rounds first")
+    ap.add_argument("--read_mib", type=int_at_least(1), default=None, help="instead: time troll.inspect on a "
+                    "synthetic tokens.jsonl of about this many MiB")  # fmt: skip
+    ap.add_argument("--read_steps", type=int_at_least(1), default=30_000, help="with --read_mib: the recorded steps "
+                    "(rows) in it (default: 30000)")  # fmt: skip
     a, rest = ap.parse_known_args()
     cfg = Config.from_args(["--preset", "tiny-cpu", *rest], prog=ap.prog)
+    if a.read_mib is not None:
+        return reading(ap, a, cfg)
     if cfg.records_samples < 1:  # `on` would record nothing: its cost is not the one this measures
         ap.error(f"--records_samples {cfg.records_samples} records nothing, so there is no cost to measure: pass 1 "
                  "or more")  # fmt: skip
@@ -96,6 +117,73 @@ def main() -> None:
     print(f"per run (records every {cfg.eval_every} steps): {1 + (paired - 1) / cfg.eval_every:.4f} wall")
     print(f"bytes per recorded step: median {median(sizes):.0f}, max {max(sizes)} (bound {row_bytes_bound(cfg)})")
     print(f"update metrics identical with and without records: {'yes' if same else 'NO'}")
+
+
+
+def sample(rng: random.Random, index: int, tokens: int) -> dict:
+    """One recorded sample of `tokens` tokens, its figures drawn as the recorder writes them (troll.records: the
+    probabilities to 4 digits, the KL and the log-ratios whole)."""
+    texts = [rng.choice([" 4", "7", " +", "=", "####", " the", "<|im_end|>"]) for _ in range(tokens)]
+    prob = [records.fig(rng.random()) for _ in range(4 * tokens)]
+    log_r = [rng.gauss(0, 0.1) for _ in range(tokens)]
+    return {"index": index, "adv": records.fig(rng.gauss(0, 1)), "reward": float(rng.random() < 0.5),
+            "prompt": "Question: Tom has 47 apples and buys 38 more. How many apples does he have now?\nAnswer:",
+            "train_row": rng.randrange(7473), "gold": "85", "completion": "".join(texts), "text": texts,
+            "q": prob[:tokens], "p_before": prob[tokens : 2 * tokens], "p": prob[2 * tokens : 3 * tokens],
+            "p_after": prob[3 * tokens :], "kl": [abs(rng.gauss(0, 0.03)) for _ in range(tokens)],
+            "projected": [int(rng.random() < 0.2) for _ in range(tokens)], "log_ratio": log_r,
+            "log_ratio_proj": [x * 0.8 for x in log_r], "clipped": [int(abs(x) > 0.2) for x in log_r]}  # fmt: skip
+
+
+def synthetic_run(folder: Path, cfg: Config, mib: int, steps: int) -> int:
+    """A run folder holding config.json and a tokens.jsonl of about `mib` MiB over `steps` rows (64 distinct rows,
+    each written with its own step); returns the file's size in bytes."""
+    rng = random.Random(0)
+    per_row = mib * 2**20 / steps
+
+    def row(tokens: int) -> dict:
+        samples = [sample(rng, i, tokens) for i in range(cfg.records_samples)]
+        return {"step": 1, "loss": cfg.loss, "eps": cfg.eps, "clip_low": cfg.clip_low, "clip_high": cfg.clip_high,
+                "level": cfg.level, "samples": samples}  # fmt: skip
+
+    one = len(json.dumps(row(1))) - len(json.dumps(row(0)))  # a token's bytes, all samples
+    tokens = max(1, math.floor((per_row - len(json.dumps(row(0)))) / one))
+    kinds = []
+    for _ in range(64):  # each row to the size asked: the prompts lengthened by what the tokens leave
+        made = row(tokens)
+        pad = max(0, round(per_row) - len(json.dumps(made)) - 1) // len(made["samples"])
+        for s in made["samples"]:
+            s["prompt"] = ("Q: " * pad)[:pad] + s["prompt"]
+        kinds.append(json.dumps(made).removeprefix('{"step": 1, '))
+    (folder / "config.json").write_text(json.dumps(dataclasses.asdict(cfg)))
+    with open(folder / records.FILE, "w") as f:
+        for step in range(1, steps + 1):
+            f.write(f'{{"step": {step}, {kinds[step % len(kinds)]}\n')
+    return (folder / records.FILE).stat().st_size
+
+
+def reading(ap: Parser, a: argparse.Namespace, cfg: Config) -> None:
+    """--read_mib: troll.inspect and troll.records.read timed on a synthetic long run (module docstring)."""
+    from troll import inspect
+
+    if cfg.records_samples < 1:
+        ap.error(f"--records_samples {cfg.records_samples} records nothing, so there is no file to read: pass 1 or "
+                 "more")  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        run = Path(tmp) / "run"
+        run.mkdir()
+        size = synthetic_run(run, cfg, a.read_mib, a.read_steps)
+        print(f"tokens.jsonl: {size / 2**20:.1f} MiB, {a.read_steps} recorded steps of {cfg.records_samples} samples")
+        t = time.perf_counter()
+        with contextlib.redirect_stdout(io.StringIO()):
+            inspect.main([str(run), "--out", str(Path(tmp) / "page.html")])
+        opened = time.perf_counter() - t
+        page = (Path(tmp) / "page.html").stat().st_size
+        print(f"python -m troll.inspect RUN --out page.html: {opened:.2f} s (page {page // 1024} KB)")
+        t = time.perf_counter()
+        rows = records.read(run)
+        print(f"troll.records.read, every row read whole (troll.inspect before): {time.perf_counter() - t:.2f} s "
+              f"({len(rows)} rows)")  # fmt: skip
 
 
 if __name__ == "__main__":

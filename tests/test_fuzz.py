@@ -127,7 +127,8 @@ COMMANDS = {
         Command(
             "bench.records",
             base=("--repeats", "1", "--warmup", "0", "--sft_steps", "0"),
-            stop=("model, tokenizer = build_model(cfg, torch.device(\"cpu\"))",),
+            stop=("model, tokenizer = build_model(cfg, torch.device(\"cpu\"))",
+                  "size = synthetic_run(run, cfg, a.read_mib, a.read_steps)"),  # fmt: skip
             bounded=RUN_LENGTHS,
             also="troll.train",
         ),

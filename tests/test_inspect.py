@@ -14,11 +14,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import urllib.parse
 from html import escape
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from study import inspect_figure
@@ -518,6 +519,62 @@ def test_every_view_draws_its_legend_and_a_pinned_token_shows_what_happened_and_
         assert "— hypothetical: what PPO-clip would have done —" in shown  # in a hovered token's figures too
     earlier = dom(out, "#step=5")
     assert 'data-step="5"' in earlier and "troll, step 5" in earlier and 'data-colour="update"' in earlier
+
+
+# what the page's address can hold: names every JavaScript object inherits, numbers written other ways, markup
+INHERITED = ["constructor", "__proto__", "toString", "hasOwnProperty", "valueOf", "prototype", "length",
+             "__lookupGetter__"]
+SPELLINGS = ["01", "010", "1e1", "1e0", "10.0", " 10", "10 ", "+10", "-10", "0x0a", "٣", "Infinity", "NaN", "",
+             "9007199254740993", "00000000000000000000010", "10,5"]  # fmt: skip
+MARKUP = ["<img src=x onerror=document.title='x'>", "</script><b>", '"><i>x</i>', "&amp;", "%3Cb%3E", "a=b&c", "#kl"]
+VALUES = st.sampled_from(INHERITED + SPELLINGS + MARKUP)
+
+
+@pytest.fixture(scope="module")
+def two_runs_page(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The page of two fake runs (steps 5 and 10, sample 7 in both), made by the command."""
+    root = tmp_path_factory.mktemp("address")
+    a, b = fake_run(root, "a", "troll"), fake_run(root, "b", "ppo_clip")
+    assert command(str(a), str(b), "--out", str(root / "page.html")).returncode == 0
+    return root / "page.html"
+
+
+def expected_view_and_step(address: str) -> tuple[str, int]:
+    """What the page must open on: the first `colour` if it is a view, else the default (update); the first `step`
+    written in decimal digits if it is a recorded step (5 or 10), else the default (10, the last)."""
+    asked = {}
+    for key, value in urllib.parse.parse_qsl(address.removeprefix("#"), keep_blank_values=True):
+        asked.setdefault(key, value)  # URLSearchParams.get: the first
+    view = asked.get("colour") if asked.get("colour") in tinspect.QUANTITIES else "update"
+    step = asked.get("step", "")
+    return view, int(step) if re.fullmatch("[0-9]+", step) and int(step) in (5, 10) else 10
+
+
+@pytest.mark.slow
+@settings(max_examples=24, deadline=None, derandomize=True)
+@given(colour=st.sampled_from(tinspect.QUANTITIES) | VALUES, step=st.sampled_from(["5", "10", "05"]) | VALUES,
+       pin=st.sampled_from(["0.7.3", "1.7.3", "0.07.03", "1.7.3,0.7.0"]) | VALUES, quoted=st.booleans(),
+       order=st.permutations(["colour", "step", "pin"]))  # fmt: skip
+@example(colour="constructor", step="01", pin="0.7.3", quoted=False, order=["colour", "step", "pin"])
+@example(colour="__proto__", step="1e0", pin="toString", quoted=False, order=["step", "colour", "pin"])
+@example(colour="toString", step="<b>5</b>", pin="</script>", quoted=True, order=["pin", "colour", "step"])
+def test_the_page_opens_on_a_recorded_step_in_a_known_view_whatever_its_address(two_runs_page, colour, step, pin,
+                                                                                  quoted, order):  # fmt: skip
+    """Hypothesis: an address drawn from inherited names, numeric spellings and markup (percent-encoded or as
+    typed): the script runs to its end, the view is the one asked for if it is one (else the default), the step the
+    one asked for if it is recorded (else the default), both panels drawn in it with its legend."""
+    need_chromium()
+    values = {"colour": colour, "step": step, "pin": pin}
+    address = "#" + "&".join(f"{k}={urllib.parse.quote(values[k], safe='') if quoted else values[k]}" for k in order)
+    shown = dom(two_runs_page, address)
+    view, at = expected_view_and_step(address)
+    assert 'data-ready="1"' in shown, (address, shown[-2000:])  # the script ran to its end
+    assert f'data-colour="{view}"' in shown and f'data-step="{at}"' in shown, address
+    assert f'<option value="{view}" selected' not in shown  # the selector's value set by the script, not markup
+    assert shown.count(f"— troll, step {at}<") + shown.count(f"— ppo_clip, step {at}<") == 2, address
+    panels = tokens_of(shown)
+    assert len(panels) == 2 and all(len(p) == len(TEXTS) for p in panels), address  # every token coloured
+    assert len(legend_of(shown)) in (2, 4) and "<img" not in shown and "<i>" not in shown, address  # text, not markup
 
 
 @pytest.mark.slow
