@@ -342,6 +342,18 @@ def test_a_batch_pickled_before_it_kept_problems_and_golds_records_them_unknown(
     assert all((s["train_row"], s["gold"]) == (None, None) and s["completion"] for s in row["samples"])
 
 
+def test_a_completion_cut_at_the_token_limit_is_recorded_whole_though_the_loss_masks_it():
+    """--mask_overlong leaves a cut completion out of the loss (its mask all False): its reward was scored on all
+    of its tokens, and so is the completion recorded."""
+    batch, _ = batch_of()
+    ro = batch.ro
+    ro.finished[1], ro.completion_mask[1] = False, False  # sample 1: cut at T tokens, masked
+    source = records.Recorder(cfg_of(), Tokenizer(), step=0)._source(batch, 1)
+    assert source["completion"] == "".join(chr(ord("a") + y) for y in ro.completion_ids[1].tolist() if y)
+    finished = records.Recorder(cfg_of(), Tokenizer(), step=0)._source(batch, 2)["completion"]  # 3 real tokens
+    assert finished == "".join(chr(ord("a") + y) for y in ro.completion_ids[2, :3].tolist() if y)
+
+
 def records_file(tmp_path, steps, damaged=()):
     """A tokens.jsonl of good rows at `steps`, those at `damaged` broken after their step (a field not as declared,
     then text that is not JSON)."""

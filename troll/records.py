@@ -260,7 +260,7 @@ class Recorder:
             "index": i,
             "adv": fig(a),
             "reward": fig(float(batch.rewards[i])),
-            **self._source(batch, i, ids),
+            **self._source(batch, i),
             "text": [self.tokenizer.decode([t])[:TEXT_CHARS] for t in ids],
             "q": _figs(s.lq_y[:n].double().exp()),
             "p_before": self.before.get(i, [None] * n),
@@ -273,13 +273,15 @@ class Recorder:
             "clipped": cut(fig(a), log_r, cfg.level, cfg.clip_low, cfg.clip_high),
         }
 
-    def _source(self, batch: Any, i: int, ids: list[int]) -> dict:
+    def _source(self, batch: Any, i: int) -> dict:
         """Sample `i`'s prompt (whole), its problem's row in task.train, the gold and the completion as the reward
-        scored it (`ids`: its real completion tokens): what re-checks its reward."""
+        scored it: what re-checks its reward. A completion cut at max_new_tokens fills its row (T = max_new_tokens)
+        whether or not the loss masks it (--mask_overlong); a finished one is its real tokens."""
         from troll.task import decode
 
-        cfg, rows, golds = self.cfg, batch.train_rows, batch.golds  # None: a batch pickled before they were kept
-        [completion] = decode(self.tokenizer, [ids])
+        cfg, rows, golds, ro = self.cfg, batch.train_rows, batch.golds, batch.ro  # None: a batch pickled before
+        ids = ro.completion_ids[i] if not ro.finished[i] else ro.completion_ids[i][ro.completion_mask[i]]
+        [completion] = decode(self.tokenizer, [ids.tolist()])
         return {
             "prompt": self.tokenizer.decode(batch.ro.prompt_ids[i])[-cfg.max_prompt_len * TEXT_CHARS :],
             "train_row": None if rows is None else rows[i],
