@@ -77,6 +77,9 @@ BAD_FLAGS = [
     (["--model", ""], "model must not be empty"),
     (["--model", " "], "model must not be empty"),
     (["--task", "gsm8k", "--data", ""], "data must not be empty"),
+    (["--share_prompt", "true", "--grad_checkpointing", "true"], "share_prompt needs the KV cache"),
+    (["--minibatch_by", "group", "--prompts_per_step", "2", "--minibatches", "3"], "more than the 2 groups"),
+    (["--minibatch_by", "batch"], "invalid choice"),
     (["--loss", "dppo", "--level", "sequence"], "level=sequence .* not dppo"),
     (["--loss", "cispo", "--level", "sequence"], "level=sequence .* not cispo"),
     (["--bf16", "maybe"], "expected true/false"),
@@ -366,8 +369,11 @@ def test_a_config_saved_before_vocab_size_existed_ran_with_its_added_value(tmp_p
         "vocab_size": 0, "lora_rank": 0, "lora_alpha": 32.0, "lora_targets": "all-linear", "dppo_cap": 2.0,
         "sft_probe": 1024,  # every warm-start before the setting probed 1,024 training problems
         "compile_head": False,  # every run before the setting took the eager output layer
+        "system": None, "mask_overlong": False,  # the template's own system message; cut samples in the loss
+        "share_prompt": False, "minibatch_by": "sample",  # every sample's prompt forwarded with it; shuffled samples
     }  # fmt: skip
-    for name in ("lora_rank", "lora_alpha", "lora_targets", "sft_probe", "compile_head"):  # before LoRA: all trained
+    for name in ("lora_rank", "lora_alpha", "lora_targets", "sft_probe", "compile_head", "system", "mask_overlong",
+                 "share_prompt", "minibatch_by"):  # fmt: skip
         del saved[name]
     path.write_text(json.dumps(saved))
     assert Config.load(path) == Config()
@@ -491,6 +497,7 @@ INERT_FLAGS = [
     (["--preset", "gsm8k-qwen2.5-0.5b", "--sft_batch", "8"], "--sft_batch acts only with --sft_steps > 0"),
     (["--data", "some/folder"], "--data acts only with --task gsm8k, not --task addition"),
     (["--chat", "true"], "--chat acts only with --task gsm8k"),
+    (["--task", "gsm8k", "--system", ""], "--system acts only with --chat true, not --chat false"),
     (["--task", "gsm8k", "--reverse_sum", "false"], "--reverse_sum acts only with --task addition or rare"),
     (["--records_every", "1", "--records_samples", "0"], "--records_every acts only with --records_samples > 0"),
     (["--samples_per_prompt", "1"], "samples_per_prompt=1 makes every advantage 0"),
@@ -531,6 +538,8 @@ def test_two_inert_flags_are_named_in_one_line(capsys):
         ["--backend", "vllm", "--vllm_gpu_memory", "0.5"],
         ["--sft_lr", "1e-3", "--sft_target", "0.5", "--sft_batch", "64"],
         ["--task", "gsm8k", "--data", "x", "--chat", "true"],
+        ["--task", "words", "--chat", "true", "--system", ""],
+        ["--share_prompt", "true", "--minibatch_by", "group", "--mask_overlong", "true"],
         ["--task", "rare", "--reverse_sum", "false"],
         ["--samples_per_prompt", "2", "--advantage", "dr_grpo"],
         ["--records_samples", "2", "--records_every", "3"],

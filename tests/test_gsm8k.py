@@ -292,6 +292,39 @@ def test_chat_prompt_uses_the_tokenizer_template() -> None:
     assert make_prompt("Q?", tok) == make_prompt("Q?")  # chat=False ignores the tokenizer
 
 
+def test_chat_prompt_with_a_system_message() -> None:
+    """--system: None leaves the template's own choice (CHATML here adds none), "" and a text are given as the
+    system message, before the question."""
+    tok = _tiny_tokenizer(CHATML)
+    plain = make_prompt("Q?", tok, chat=True)
+    assert make_prompt("Q?", tok, chat=True, system=None) == plain
+    assert make_prompt("Q?", tok, chat=True, system="") == "<|im_start|>system\n<|im_end|>\n" + plain
+    assert make_prompt("Q?", tok, chat=True, system="Be brief.") == "<|im_start|>system\nBe brief.<|im_end|>\n" + plain
+
+
+@pytest.mark.parametrize(
+    ("completion", "completed", "score"),
+    [
+        ("47 + 38 = 85\n#### 8", "47 + 38 = 85\n#### ", 1.0),  # the "####" answer cut: the last whole number reads
+        ("#### 8", "#### ", 0.0),  # a prefix of the gold is no answer
+        ("The total is 1,00", "The total is ", 0.0),
+        ("Mia has -8", "Mia has ", 0.0),
+        ("so 85.", "so ", 0.0),  # a final "." may be a decimal point cut short
+        ("#### 85 marbles", "#### 85 marbles", 1.0),  # ends in a word: nothing it ends in was cut
+        ("", "", 0.0),
+    ],
+)
+def test_a_completion_cut_at_the_limit_is_scored_by_what_it_completed(completion, completed, score) -> None:
+    from troll.gsm8k import cut_number
+    from troll.task import Task, rewards_of
+
+    assert cut_number(completion) == completed
+    task = Task([], [], str, reward, cut=cut_number)
+    cut, whole = rewards_of(task, [completion, completion], ["85", "85"], [False, True])
+    assert cut == score and whole == reward(completion, "85")
+    assert rewards_of(Task([], [], str, reward), [completion], ["85"], [False]) == [reward(completion, "85")]
+
+
 def test_chat_prompt_without_template_raises() -> None:
     with pytest.raises(ValueError, match="chat template"):
         make_prompt("Q?", _tiny_tokenizer(None), chat=True)

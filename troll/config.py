@@ -113,6 +113,12 @@ class Config:
     vocab_size: int = opt(0, "tiny model: grow its 260-token tokenizer to this many tokens, unused ones (0: keep 260)")
     data: str = opt("openai/gsm8k", "GSM8K source: hub name or a folder with {train,test}.jsonl")
     chat: bool = opt(False, "GSM8K and words prompts through the tokenizer's chat template (instruct models)")
+    system: str | None = opt(
+        None,
+        "chat prompts: the system message; unset: the template's own default (SmolLM2's adds one of 15 tokens), '' "
+        "an empty one",
+    )
+    mask_overlong: bool = opt(False, "leave samples cut at max_new_tokens out of the loss (DAPO's overlong filter)")
     # the objective
     loss: str = opt("troll", "the policy loss: TROLL or one of the baselines", ("troll", "ppo_clip", "dppo", "cispo"))
     advantage: str = opt("grpo", "advantage estimator", ("grpo", "dr_grpo", "reinforce_pp"))
@@ -170,6 +176,12 @@ class Config:
     micro_batch_tokens: int = opt(4096, "padded tokens per forward; auto: the most the GPU fits", parse=_int_or_auto)
     logits_chunk: int = opt(0, "output layer in chunks of this many rows, no [tokens, V] logits (0: full logits)")
     compile_head: bool = opt(False, "the chunked output layer's pass over the vocabulary through torch.compile")
+    share_prompt: bool = opt(
+        False, "forward each distinct prompt of a micro-batch once, its KV cache shared by its completions (exact)"
+    )
+    minibatch_by: str = opt(
+        "sample", "minibatches of shuffled samples, or of whole groups (one prompt forward each)", ("sample", "group")
+    )
     lr: float = opt(1e-4, "AdamW learning rate")
     lr_schedule: str = opt("constant", "learning-rate schedule; cosine decays to 0 at the end", ("constant", "cosine"))
     warmup_steps: int = opt(0, "linear warmup, in optimiser steps")
@@ -369,7 +381,8 @@ NOT_SETTINGS = ("out", "resume")  # where and how a run is started, not what it 
 # cap, so it takes today's default and compares equal to the same run made now (`with_added`).
 ADDED = {
     "vocab_size": 0, "lora_rank": 0, "lora_alpha": 32.0, "lora_targets": "all-linear", "dppo_cap": 2.0,
-    "sft_probe": 1024, "compile_head": False,
+    "sft_probe": 1024, "compile_head": False, "system": None, "mask_overlong": False, "share_prompt": False,
+    "minibatch_by": "sample",
 }  # fmt: skip
 
 
@@ -397,6 +410,9 @@ RESUME_CHANGEABLE = (
 )  # fmt: skip
 
 
+MAY_BE_UNSET = ("system",)  # optional fields whose None is a setting (the template's own system message)
+
+
 def _fits(value: Any, tp: type) -> bool:
     """`value` has the field type `tp`: bools are not ints, and ints are floats."""
     if tp in (int, float) and isinstance(value, bool):
@@ -411,7 +427,7 @@ def check(cfg: Config) -> list[str]:
     wrong = [
         f"{name} must be {tp.__name__}, got {type(v).__name__} {v!r}"
         for name, tp in types.items()
-        if not _fits(v := getattr(cfg, name), tp)
+        if not _fits(v := getattr(cfg, name), tp) and not (v is None and name in MAY_BE_UNSET)
     ]
     if wrong:  # the checks below assume the types
         return wrong
@@ -442,6 +458,14 @@ def check(cfg: Config) -> list[str]:
         need(getattr(cfg, name) >= low, f"{name} must be >= {low}, got {getattr(cfg, name)}")
     samples = cfg.prompts_per_step * cfg.samples_per_prompt
     need(cfg.minibatches <= samples, f"minibatches={cfg.minibatches} is more than the {samples} samples of a step")
+    need(
+        cfg.minibatch_by == "sample" or cfg.minibatches <= cfg.prompts_per_step,
+        f"minibatch_by=group: minibatches={cfg.minibatches} is more than the {cfg.prompts_per_step} groups of a step",
+    )
+    need(
+        not (cfg.share_prompt and cfg.grad_checkpointing),
+        "share_prompt needs the KV cache, which gradient checkpointing drops in every layer: drop one of them",
+    )
     need(
         cfg.level == "token" or cfg.loss in ("troll", "ppo_clip"),  # the losses with a GSPO mode
         f"level=sequence (GSPO) works with loss troll or ppo_clip, not {cfg.loss}",
@@ -497,6 +521,7 @@ ACTS_ONLY: dict[str, tuple[str, typing.Callable[[Any], bool], str]] = {
     "sft_probe": ("sft_steps", *_WARM),
     "data": ("task", lambda v: v == "gsm8k", "--task gsm8k"),
     "chat": ("task", lambda v: v in ("gsm8k", "words"), "--task gsm8k or words"),
+    "system": ("chat", lambda v: v is True, "--chat true"),
     "reverse_sum": ("task", lambda v: v in ("addition", "rare"), "--task addition or rare"),
     "records_every": ("records_samples", lambda v: v > 0, "--records_samples > 0 (per-token records)"),
 }

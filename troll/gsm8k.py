@@ -20,7 +20,8 @@ format, and verl's GSM8K recipe); `reward` also accepts \\boxed{} and a bare las
         Output the final answer after "####".
         Answer: Let's think step by step.
     chat (instruct models, chat=True): one user message, rendered by the tokenizer's own chat template
-        with add_generation_prompt=True (no system message; the template may add its default one):
+        with add_generation_prompt=True; no system message unless `system` gives one (the template may add its
+        default one: SmolLM2's names itself in 15 tokens before every question; system="" gives an empty one):
         "Janet has 3 apples ... Let's think step by step and output the final answer after \\"####\\"."
         (question + " " + verl's GSM8K instruction, word for word).
         The rendered text already holds the template's special tokens: tokenize it with
@@ -88,6 +89,7 @@ _NUMBER_THEN_WORDS = re.compile(r"(-?\d+(?:\.\d+)?)\s+[^\W\d]")  # "18 dollars" 
 _THOUSANDS_COMMA = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 _NOISE = re.compile(r"\\?[$%]|\\[,!; ]")  # $ % \$ \% and latex spaces
 _BRACE = re.compile(r"[{}]")
+_TRAILING_NUMBER = re.compile(r"-?\d[\d,.]*$")  # a number the text ends in, its separators included
 _UNSAFE = re.compile(r"\^|\*\*|!|\\binom|\\choose|\\sum|\\prod|\\int|\\lim")
 
 
@@ -193,9 +195,11 @@ def make_prompt(
     question: str,
     tokenizer: PreTrainedTokenizerBase | None = None,
     chat: bool = False,
+    system: str | None = None,
     **template_kwargs: Any,
 ) -> str:
-    """The prompt text for one question: plain template, or the tokenizer's chat template if `chat`.
+    """The prompt text for one question: plain template, or the tokenizer's chat template if `chat`, with `system`
+    as its system message (None: none given, so the template adds its own default if it has one).
 
     `template_kwargs` go to `apply_chat_template` (e.g. enable_thinking=False for Qwen3).
     """
@@ -207,11 +211,19 @@ def make_prompt(
             "use chat=False (plain template) for base models"
         )
     messages = [{"role": "user", "content": CHAT_TEMPLATE.format(question=question)}]
+    if system is not None:
+        messages.insert(0, {"role": "system", "content": system})
     kwargs = {"add_generation_prompt": True, "tokenize": False, **template_kwargs}
     return tokenizer.apply_chat_template(messages, **kwargs)
 
 
 # ------------------------------------------------------------------------------------------- answers
+
+
+def cut_number(text: str) -> str:
+    """What a completion stopped at the token limit completed: a number it ends in may be cut ("#### 8" of 85), so
+    that number is dropped and the rest is scored ("... = 85\n#### 8" reads 85 by the last-number rule)."""
+    return _TRAILING_NUMBER.sub("", text)
 
 
 def _clean(text: str) -> str:

@@ -16,6 +16,7 @@ Layout, B rows, P = longest prompt, T = completion columns:
     ids   [B, P+T]  long  [left-padded prompt | right-padded completion]   (`pack`)
     attn  [B, P+T]  bool  True on real prompt tokens and on every completion column
     out   [B, T, V] float32  mask(logits) / temperature at completion positions; log_softmax gives log pi
+                             (float64 for a float64 model)
 
 Choices:
 - Completion position t sits at column P + t, so its logits are those of column P + t - 1: the forward keeps the
@@ -26,6 +27,11 @@ Choices:
 - `mask_padded_vocab` sets ids >= len(tokenizer) to -inf: Qwen's output layer has rows past the tokenizer
   (151,936 rows, 151,665 tokens) that must never carry probability. A tokenizer larger than the output layer is
   a ValueError (`check_vocab`). Both live in troll.padding, with `left_pad`, as the samplers use them too.
+- `shared_prompt_logits` gives `completion_logits`' result (value and gradient) with each distinct prompt of the
+  batch forwarded once: its keys and values (the KV cache, with grad) are gathered for every completion of that
+  prompt, and the completions run on it. A group of n samples then costs one prompt's positions, not n (Prefix
+  Grouper, arXiv 2506.05433); the gradient through the shared prompt is the sum over its completions, as in the
+  per-sample pass. Gradient checkpointing drops the cache inside a layer, so the two are refused together.
 - `chunk_rows` > 0 returns the same distribution as a `head.LMHead`: the last hidden states [B, T, H] and the
   output layer, applied in chunks of that many rows by the losses (each chunk's logits recomputed in backward),
   so no [B, T, V] tensor exists for the micro-batch. The LM head must be a plain linear layer on the decoder's
@@ -220,6 +226,49 @@ def completion_logits(
     return packed_logits(model, ids, attn, completion_ids.shape[1], temperature, vocab_size, chunk_rows)
 
 
+def shared_prompt_logits(
+    model: Any,
+    prompt_ids: Sequence[Sequence[int]],
+    completion_ids: Tensor,
+    temperature: float,
+    vocab_size: int | None,
+    chunk_rows: int = 0,
+) -> Logits:
+    """`completion_logits` with each distinct prompt forwarded once (module docstring): [B, T, V] float32, or an
+    `LMHead` with chunk_rows > 0. Completion position 0 reads the prompt's last position; positions 1..T-1 are a
+    forward of completion columns 0..T-2 on the prompt's cache, at position ids that continue the prompt's."""
+    if getattr(model, "is_gradient_checkpointing", False):
+        raise ValueError("a shared prompt needs the KV cache, which gradient checkpointing drops: share_prompt=False")
+    device = next(model.parameters()).device
+    distinct: dict[tuple[int, ...], int] = {}
+    index = torch.tensor([distinct.setdefault(tuple(p), len(distinct)) for p in prompt_ids], device=device)
+    ids, attn = (x.to(device) for x in left_pad([list(p) for p in distinct], 0))
+    length = attn.long().sum(-1)  # [U] real prompt tokens
+    # the decoder's hidden states for the chunked head, else the model's own logits (its head, soft-capping included)
+    forward = model.get_decoder() if chunk_rows else model
+    pick = (lambda o: o.last_hidden_state) if chunk_rows else (lambda o: o.logits)
+    positions = (attn.long().cumsum(-1) - 1).clamp(min=0)
+    first = forward(input_ids=ids, attention_mask=attn.long(), position_ids=positions, use_cache=True,
+                    **({} if chunk_rows else {"logits_to_keep": 1}))  # fmt: skip
+    x = pick(first)[index, -1:]  # [B, 1, .]: the prompt's last position predicts completion token 0
+    T = completion_ids.shape[1]
+    if T > 1:  # columns 0..T-2 predict tokens 1..T-1; the last column predicts nothing that is scored
+        cache = first.past_key_values
+        cache.batch_select_indices(index)  # [U, ...] -> [B, ...]: a gather, so the prompt's gradient is the sum
+        rest = completion_ids[:, :-1].to(device)
+        mask = torch.cat([attn[index], torch.ones_like(rest, dtype=torch.bool)], -1).long()
+        positions = length[index, None] + torch.arange(T - 1, device=device)
+        out = forward(
+            input_ids=rest, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
+        )
+        x = torch.cat([x, pick(out)], 1)  # [B, T, .]
+    if chunk_rows:
+        out_layer = _plain_output_layer(model)
+        return LMHead(x, out_layer.weight, out_layer.bias, temperature, vocab_size, chunk_rows)
+    logits = at_least_float32(x) / temperature
+    return logits if vocab_size is None else mask_padded_vocab(logits, vocab_size)
+
+
 def rollout_logits(
     model: Any,
     ro: Rollouts,
@@ -228,14 +277,16 @@ def rollout_logits(
     chunk_rows: int = 0,
     bf16: bool = False,
     compiled: bool = False,
+    shared: bool = False,
 ) -> Logits:
     """`completion_logits` of samples `rows` ([b] long) of rollouts `ro` at their sampling temperature: [b, T, V]
     (or an `LMHead` with chunk_rows > 0, its pass through torch.compile when `compiled`), the forward under bf16
-    autocast when `bf16`."""
+    autocast when `bf16`, each distinct prompt forwarded once when `shared` (`shared_prompt_logits`)."""
     device = next(model.parameters()).device
     prompts = [ro.prompt_ids[i] for i in rows.tolist()]
+    scorer = shared_prompt_logits if shared else completion_logits
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-        x = completion_logits(model, prompts, ro.completion_ids[rows], ro.temperature, vocab_size, chunk_rows)
+        x = scorer(model, prompts, ro.completion_ids[rows], ro.temperature, vocab_size, chunk_rows)
     return replace(x, compiled=True) if compiled and isinstance(x, LMHead) else x
 
 
@@ -260,8 +311,13 @@ def packed_logits(
         hidden = model.get_decoder()(**inputs).last_hidden_state[:, -(T + 1) : -1]
         return LMHead(hidden, out_layer.weight, out_layer.bias, temperature, vocab_size, chunk_rows)
     out = model(**inputs, logits_to_keep=T + 1)
-    logits = out.logits[:, :-1].float() / temperature
+    logits = at_least_float32(out.logits[:, :-1]) / temperature
     return logits if vocab_size is None else mask_padded_vocab(logits, vocab_size)
+
+
+def at_least_float32(x: Tensor) -> Tensor:
+    """float32 logits from a bf16 / fp16 forward; a float64 model's stay float64 (the exactness tests' reference)."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
 def _plain_output_layer(model: Any) -> torch.nn.Linear:

@@ -10,8 +10,10 @@ Rows are dicts {question, answer (reference solution), gold (the final answer)}.
 (troll.addition, the tiny CPU task), `rare` (its variant whose rewarded answer format starts rare; `behaviour`
 tells a completion that shows it, logged per step as behaviour_rate), `gsm8k` (troll.gsm8k) and `words`
 (troll.words: arithmetic word problems, prompted and scored as GSM8K is, the real model's CPU task). The reward maps
-(completion text, gold) to 0.0 or 1.0. Training, the supervised warm-start and troll.evaluate all go through these
-functions, so a prompt is tokenised, a completion decoded and a problem scored the same way everywhere.
+(completion text, gold) to 0.0 or 1.0; a completion stopped at the token limit is scored by what it completed
+(`rewards_of`: GSM8K's format drops a number the limit may have cut, "#### 8" of "#### 85", so it is no answer).
+Training, the supervised warm-start and troll.evaluate all go through these functions, so a prompt is tokenised, a
+completion decoded and a problem scored the same way everywhere.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class Task:
     prompt: Callable[[str], str]  # question -> prompt text (special tokens included)
     reward: Callable[[str, str], float]  # (completion text, gold) -> 0.0 or 1.0
     behaviour: Callable[[str], bool] | None = None  # the rewarded behaviour to watch, if the task names one
+    cut: Callable[[str], str] | None = None  # what a completion stopped at the token limit completed (None: all of it)
 
 
 def encode(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
@@ -54,6 +57,14 @@ def decode_rollouts(tokenizer: Any, ro: Rollouts) -> list[str]:
     """The completion texts of rollouts `ro`: each sample's real tokens (they come first in its row) decoded."""
     lengths = ro.completion_mask.sum(-1).tolist()
     return decode(tokenizer, [ids[:n] for ids, n in zip(ro.completion_ids.tolist(), lengths, strict=True)])
+
+
+def rewards_of(task: Task, texts: Sequence[str], golds: Sequence[str], finished: Any) -> list[float]:
+    """Each completion's reward; one stopped at the token limit (`finished` False, [B] bool) is scored by what it
+    completed (`task.cut`: for a GSM8K-format task, a number the limit may have cut is no answer)."""
+    done = [bool(f) for f in finished]
+    cut = task.cut or (lambda t: t)
+    return [task.reward(t if f else cut(t), g) for t, g, f in zip(texts, golds, done, strict=True)]
 
 
 def score(
@@ -76,10 +87,10 @@ def load_task(cfg: Any, tokenizer: Any) -> tuple[Task, dict[str, int]]:
         task = Task(train, test, lambda q: q, addition.reward, addition.marked if rare else None)
     else:  # GSM8K, or word problems asked and scored as GSM8K is
         def prompt(q: str) -> str:
-            return gsm8k.make_prompt(q, tokenizer, chat=cfg.chat)
+            return gsm8k.make_prompt(q, tokenizer, chat=cfg.chat, system=cfg.system)
 
         splits = [words.problems(s) if cfg.task == "words" else gsm8k.load_gsm8k(s, cfg.data) for s in gsm8k.SPLITS]
-        task = Task(*splits, prompt, gsm8k.reward)
+        task = Task(*splits, prompt, gsm8k.reward, cut=gsm8k.cut_number)
     if cfg.eval_size:
         task.test = task.test[: cfg.eval_size]
     dropped = {}

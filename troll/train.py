@@ -58,7 +58,7 @@ from troll.records import Recorder, due
 from troll.rollout import Batch, Generator, Rollouts
 from troll.sparse import SparseDist, cat_rows, sparsify, sparsify_topk
 from troll.start import start
-from troll.task import Task, decode_rollouts, encode, evaluate
+from troll.task import Task, decode_rollouts, encode, evaluate, rewards_of
 
 LossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]  # the signature every loss in troll.losses has
 
@@ -84,9 +84,10 @@ def collect(cfg: Config, index: int, tokenizer: Any, generator: Generator, task:
     )
     t1 = time.time()
     golds = [rows[int(g)]["gold"] for g in ro.group]
-    texts = decode_rollouts(tokenizer, ro)
-    rewards = torch.tensor([task.reward(t, g) for t, g in zip(texts, golds, strict=True)])  # 2. reward
+    rewards = torch.tensor(rewards_of(task, decode_rollouts(tokenizer, ro), golds, ro.finished))  # 2. reward
     adv = advantages(cfg.advantage, rewards, ro.group)  # 3. advantages
+    if cfg.mask_overlong:  # DAPO's overlong filter: a sample cut at the token limit is left out of the loss
+        ro.completion_mask &= ro.finished[:, None]
     train_rows = [drawn[int(g)] for g in ro.group]
     return Batch(ro, rewards, adv, rng.get_state(), t1 - t0, time.time() - t1, train_rows, golds)
 
@@ -97,7 +98,8 @@ def old_policy(cfg: Config, model: Any, ro: Rollouts, vocab: int) -> SparseDist:
     parts = []
     with torch.no_grad():
         for rows in ro.micro_batches(cfg.micro_batch_tokens):
-            logits = rollout_logits(model, ro, rows, vocab, cfg.logits_chunk, cfg.bf16, cfg.compile_head)
+            logits = rollout_logits(model, ro, rows, vocab, cfg.logits_chunk, cfg.bf16, cfg.compile_head,
+                                    cfg.share_prompt)  # fmt: skip
             logits = logits.reshape(-1, logits.shape[-1])
             ids = ro.completion_ids[rows].reshape(-1).to(logits.device)
             parts.append(sparsify(logits, ids, k=cfg.k, delta=cfg.delta).to("cpu"))
@@ -115,11 +117,17 @@ def behaviour_policy(cfg: Config, ro: Rollouts, vocab: int) -> SparseDist:
 
 def minibatches_of(cfg: Config, batch: Batch) -> list[torch.Tensor]:
     """Step 5's minibatches (sample indices): the batch shuffled once per pass (`cfg.epochs`) by the random state it
-    was sampled with, each pass split into `cfg.minibatches`."""
+    was sampled with, each pass split into `cfg.minibatches`; with `minibatch_by group` the groups are shuffled and
+    split, so a group's samples share a minibatch (and, with --share_prompt, one forward of their prompt)."""
     rng = torch.Generator()
     rng.set_state(batch.rng_state)
-    shuffles = [torch.randperm(len(batch.ro), generator=rng) for _ in range(cfg.epochs)]
-    return [mb for perm in shuffles for mb in perm.chunk(cfg.minibatches)]
+    group = batch.ro.group
+    units = int(group.max()) + 1 if cfg.minibatch_by == "group" else len(batch.ro)
+    shuffles = [torch.randperm(units, generator=rng) for _ in range(cfg.epochs)]
+    parts = [mb for perm in shuffles for mb in perm.chunk(cfg.minibatches)]
+    if cfg.minibatch_by == "group":  # groups -> their samples, in the shuffled groups' order
+        parts = [torch.cat([(group == g).nonzero().flatten() for g in part.tolist()]) for part in parts]
+    return parts
 
 
 def update(
@@ -146,7 +154,8 @@ def update(
         whole = ro.completion_mask[minibatch]
         count, tokens = int(aggregate_count(whole, cfg.agg)), int(whole.sum())
         for rows in ro.micro_batches(cfg.micro_batch_tokens, minibatch):
-            logits = rollout_logits(model, ro, rows, vocab, cfg.logits_chunk, cfg.bf16, cfg.compile_head)  # with grad
+            logits = rollout_logits(model, ro, rows, vocab, cfg.logits_chunk, cfg.bf16, cfg.compile_head,
+                                    cfg.share_prompt)  # with grad  # fmt: skip
             mask = ro.completion_mask[rows]
             mu = ro.logprobs[rows].to(device) if cfg.is_correction != "none" else None  # off-policy correction
             loss, m = loss_fn(  # TROLL: the projection onto KL(. || q) <= eps runs inside (troll.losses)
