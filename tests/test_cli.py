@@ -396,3 +396,43 @@ def test_a_command_whose_reader_has_gone_ends_quietly():
     finally:
         os.close(write)
     assert (result.returncode, result.stderr) == (BROKEN_PIPE, ""), result.stderr[-2000:]
+
+
+BARS = """
+import sys
+if sys.argv[1] == "before":
+    import transformers  # imported before the boundary, as troll.check and the benchmarks import it
+from troll.cli import run_command
+
+
+def main():
+    import tqdm
+    from huggingface_hub.utils import tqdm as hub_tqdm
+    from transformers.utils import logging
+
+    bars = [logging.tqdm(range(3), desc="transformers"), hub_tqdm(range(3), desc="hub")]
+    if sys.argv[1] == "after":  # a plain tqdm reads TQDM_DISABLE when first imported
+        bars.append(tqdm.tqdm(range(3), desc="plain"))
+    for bar in bars:
+        list(bar)
+    print("done")
+
+
+run_command("bars", main)
+"""
+
+
+@pytest.mark.parametrize(
+    ("imported", "env"), [("before", {}), ("after", {}), ("after", {"HF_HUB_DISABLE_PROGRESS_BARS": "0"})]
+)
+def test_library_bars_draw_on_a_terminal_only(imported, env):
+    """Output piped (a log file, `| tee`): transformers', huggingface_hub's and a plain tqdm's bars are off, whether
+    the libraries were imported before the boundary or after; a HF_HUB_DISABLE_PROGRESS_BARS the user sets is kept."""
+    clean = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_DISABLE_PROGRESS_BARS", "TQDM_DISABLE")}
+    done = subprocess.run([sys.executable, "-c", BARS, imported], capture_output=True, text=True, cwd=ROOT,
+                          env={**clean, "PYTHONPATH": str(ROOT), **env}, timeout=300)  # fmt: skip
+    assert done.returncode == 0 and done.stdout == "done\n", done.stderr[-2000:]
+    if env:
+        assert "transformers: 100%" in done.stderr and "hub: 100%" in done.stderr
+    else:
+        assert done.stderr == "", done.stderr[-2000:]

@@ -365,3 +365,20 @@ def test_a_run_logged_to_a_file_has_no_bar_redraws_and_a_line_per_evaluation(tmp
     assert [line.split(":")[0] for line in evals] == ["step 2/4", "step 4/4"], res.stdout
     assert all(re.fullmatch(r"step \d/4: eval \d\.\d{3}, reward \d\.\d\d, kl max \d\.\d{3}", x)
                for x in evals)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_an_evaluation_with_its_output_piped_draws_no_bar(tmp_path):
+    """troll.evaluate loading a model and sampling, stdout and stderr piped: the figures, and no bar (the weights'
+    loading bar of transformers drew here before troll.cli.run_command turned the libraries' bars off)."""
+    from troll import addition
+    from troll.tiny import save_tiny, tiny_llama, train_tokenizer
+
+    tokenizer = train_tokenizer(addition.corpus(), vocab_size=64)
+    save_tiny(tiny_llama(tokenizer, hidden=32, layers=1, heads=2), tokenizer, tmp_path / "model")
+    data = ["--data", str(ROOT / "tests" / "data" / "gsm8k"), "--limit", "2"]
+    res = command("-m", "troll.evaluate", "--model", str(tmp_path / "model"), *data, "--max_new_tokens", "2",
+                  "--samples", "2", "--out", str(tmp_path / "eval"))  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stderr == "" and "\r" not in res.stdout and "it/s" not in res.stdout, res.stderr[-2000:]
+    assert res.stdout.startswith("gsm8k greedy pass@1: ") and len(res.stdout.splitlines()) == 5

@@ -106,11 +106,17 @@ def test_troll_cache_that_cannot_hold_the_folder_is_one_line(tmp_path, cache, mo
 
 @pytest.mark.slow
 def test_the_made_folder_loads_to_the_gguf_models_logits_and_tokenizer(cache):
-    """The real conversion from the installed package (README's install), against transformers' own GGUF load on
-    a prompt other than the one the conversion checks."""
+    """The real conversion from the installed package (README's install), run as the command with its output piped
+    (a log): one line saying the folder is being made, its path on stdout, and no progress bar (the conversion's and
+    the weights' loading drew about 50 lines here before). Then against transformers' own GGUF load on a prompt other
+    than the one the conversion checks."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    folder = packaged.folder(NAME, quiet=True)
+    done = subprocess.run([sys.executable, "-m", "troll.packaged", NAME], capture_output=True, text=True, timeout=600)
+    folder = cache / NAME
+    assert done.returncode == 0 and done.stdout == f"{folder}\n", done.stderr[-3000:]
+    assert done.stderr.startswith(f"making {folder} from ") and len(done.stderr.splitlines()) == 1, done.stderr[-3000:]
+    assert "\r" not in done.stderr and packaged.damage(folder) is None
     gguf = packaged.source_file(NAME)
     ref = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name).eval()
     ref_tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)

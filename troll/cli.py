@@ -134,17 +134,19 @@ def remembered_interrupts() -> Iterator[list[int]]:
 
 def bars_on_a_terminal_only() -> None:
     """Progress bars draw on a terminal only: with stderr sent to a file or a pipe, huggingface_hub's,
-    transformers' and plain tqdm's bars (model loading, "Writing model shards", a GGUF file's conversion) are off, as
-    troll's own are (tqdm's disable=None). `run_command` calls it before a command's work. The libraries read
-    HF_HUB_DISABLE_PROGRESS_BARS and TQDM_DISABLE when first imported, so a command that imports them at its own
-    import calls this first (troll.train); one imported already has its bars turned off through its own switch. A
-    value the environment sets is kept."""
+    transformers' and plain tqdm's bars (model loading, "Writing model shards") are off, as troll's own are (tqdm's
+    disable=None). `run_command` calls it before a command's work. The libraries read HF_HUB_DISABLE_PROGRESS_BARS
+    and TQDM_DISABLE when first imported: transformers and huggingface_hub imported already have their bars turned
+    off through their own switch, and a plain tqdm imported already keeps its default, so a command that imports
+    one at its own import calls this first (troll.train) and a bar drawn through it passes disable=None (troll's
+    own, troll.packaged's GGUF conversion). HF_HUB_DISABLE_PROGRESS_BARS set other than 1 is the user's choice of
+    bars: nothing is changed."""
     if sys.stderr.isatty():
         return
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("TQDM_DISABLE", "1")
-    if os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] != "1":  # the user's own choice
+    if os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] != "1":  # the user's own choice: bars
         return
+    os.environ.setdefault("TQDM_DISABLE", "1")
     if "transformers" in sys.modules:  # its switch read the environment at its import; it turns the hub's off too
         sys.modules["transformers"].utils.logging.disable_progress_bar()
     elif "huggingface_hub" in sys.modules:

