@@ -118,6 +118,20 @@ def test_the_page_holds_at_most_max_steps_of_a_run_the_first_shown_and_last_kept
     assert len(rows) <= tinspect.MAX_STEPS and 7 in [r["step"] for r in rows]
 
 
+def test_a_long_runs_page_reads_whole_only_the_rows_it_shows(tmp_path, monkeypatch):
+    """3,000 recorded steps: the command checks (reads whole) at most MAX_STEPS rows, the ones its page holds, and
+    the page and text are what reading every row would have made."""
+    run = fake_run(tmp_path, "long", "troll", steps=range(1, 3001))
+    want = tinspect.page([loaded(run)], 3000)
+    checked = []
+    check = records.row_problem
+    monkeypatch.setattr(records, "row_problem", lambda row, v=records.VERSION: checked.append(row) or check(row, v))
+    status, out, err = inspect_in_process(str(run), "--out", str(tmp_path / "page.html"))
+    assert status == 0, err
+    assert 0 < len({r["step"] for r in checked}) <= tinspect.MAX_STEPS
+    assert (tmp_path / "page.html").read_text() == want and "at step 3000" in out
+
+
 SCRIPT_BREAKERS = ("<", ">", "&", "\u2028", "\u2029")  # what the embedded JSON must not hold as itself
 
 

@@ -112,6 +112,12 @@ def at_step(rows: list[dict], step: int) -> dict:
     return next(r for r in rows if r["step"] == step)
 
 
+def kept_rows(rows: list[dict], step: int) -> list[dict]:
+    """The rows at the steps kept_steps keeps (the steps listed once, not once a row)."""
+    kept = set(kept_steps([r["step"] for r in rows], step))
+    return [r for r in rows if r["step"] in kept]
+
+
 def shown(recs: Records, step: int) -> list[dict]:
     """The rows of a run the page holds when it opens at `step` (kept_steps), read whole."""
     return recs.rows(set(kept_steps(recs.steps, step)))
@@ -430,7 +436,7 @@ def page(runs: list[tuple[str, dict, list[dict], dict[int, float]]], step: int, 
             {"name": name, "settings": {k: cfg[k] for k in SHOWN if k in cfg}, "loss": cfg.get("loss", rows[0]["loss"]),
              "eps": rows[0]["eps"], "clip_low": rows[0]["clip_low"], "clip_high": rows[0]["clip_high"],
              "level": rows[0]["level"], "evals": evals,
-             "rows": [r for r in rows if r["step"] in kept_steps([r["step"] for r in rows], step)]}
+             "rows": kept_rows(rows, step)}
             for name, cfg, rows, evals in runs
         ],
     }  # fmt: skip
