@@ -23,8 +23,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from study import inspect_figure
+from troll import addition, records
 from troll import inspect as tinspect
-from troll import records
 from troll.cli import UsageError, run_command
 from troll.config import Config
 
@@ -661,12 +661,17 @@ def test_a_tiny_rare_run_of_each_loss_writes_records_that_resume_cuts_back(tmp_p
     loss, *level = loss.split("-")
     done = train(out, "--loss", loss, *(["--level", level[0]] if level else []))
     assert done.returncode == 0, done.stderr[-3000:]
-    rows, bound = records.read(out), records.row_bytes_bound(Config.load(out / "config.json"))
+    cfg = Config.load(out / "config.json")
+    rows, bound = records.read(out), records.row_bytes_bound(cfg)
+    train_rows = addition.problems("train", reverse=cfg.reverse_sum, rare=True)  # tiny-rare's task.train
     assert [r["step"] for r in rows] == [1, 2] and all(r["loss"] == loss for r in rows)
     for r in rows:
         assert len(r["samples"]) == 4 and len((json.dumps(r) + "\n").encode()) <= bound
         assert r["level"] == (level[0] if level else "token")
-        for s in r["samples"]:
+        for s in r["samples"]:  # the reward re-checked from the file: the problem's prompt and gold, the completion
+            problem = train_rows[s["train_row"]]
+            assert (s["prompt"], s["gold"]) == (problem["question"], problem["gold"])
+            assert addition.reward(s["completion"], s["gold"]) == s["reward"], s
             assert all(v is not None for k in records.FIELDS for v in s[k])  # p before and after read
             assert [s["projected"], s["clipped"]] == list(re_derived(r, s))
     # a crash after step 2's rows were written and before its checkpoint: resume drops them and writes them again

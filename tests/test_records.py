@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from troll import records
+from troll import addition, records
 from troll.cli import UsageError
 from troll.losses import LOSSES
 from troll.rollout import Batch, Rollouts
@@ -395,3 +395,59 @@ def test_a_row_whose_head_is_not_as_written_is_read_whole(tmp_path, line, says):
     with pytest.raises(UsageError) as e:
         records.Records(tmp_path).rows()
     assert says in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+
+class Digits:
+    """A character tokenizer of the addition task: ids 1-13 are "0"-"9", "#", "+" and "=", id 0 the special end
+    token."""
+
+    CHARS = "0123456789#+="
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join("<e>" if i == 0 else self.CHARS[i - 1] for i in ids if i or not skip_special_tokens)
+
+    def batch_decode(self, seqs, skip_special_tokens=False):
+        return [self.decode(ids, skip_special_tokens) for ids in seqs]
+
+    def encode(self, text):
+        return [self.CHARS.index(c) + 1 for c in text if c in self.CHARS]
+
+    def __len__(self):
+        return 14
+
+
+def test_a_record_re_checks_its_own_reward_from_the_file(tmp_path):
+    """A step of the rare addition task recorded and written as a run writes it: reading tokens.jsonl back, each
+    sample's prompt and gold are its problem's in the task (its train_row), and the task's reward of its completion
+    is the reward it got: the right answer, a wrong one, one without the `#`, and one cut at the token limit."""
+    train, tok = addition.problems("train", rare=True), Digits()
+    picked = [3, 3, 17, 250]  # rows of task.train, one per sample (the first prompt drawn twice)
+    answers = [train[3]["gold"] + "\0", "999#\0", train[17]["gold"][:-1] + "\0", train[250]["gold"] + "#"]
+    ids = [[0 if c == "\0" else tok.encode(c)[0] for c in a] for a in answers]
+    n, lengths = len(picked), torch.tensor([len(a) for a in ids])
+    ro = Rollouts(
+        prompt_ids=[tok.encode(train[i]["question"]) for i in picked],
+        completion_ids=torch.tensor([a + [0] * (5 - len(a)) for a in ids]),
+        completion_mask=torch.arange(5)[None, :] < lengths[:, None], logprobs=torch.zeros(n, 5), top_idx=None,
+        top_logp=None,
+        finished=torch.tensor([True, True, True, False]), group=torch.tensor([0, 0, 1, 2]), temperature=1.0,
+    )  # fmt: skip
+    golds = [train[i]["gold"] for i in picked]
+    texts = tok.batch_decode(ids, skip_special_tokens=True)  # troll.task.decode_rollouts' texts
+    rewards = torch.tensor([addition.reward(t, g) for t, g in zip(texts, golds, strict=True)])
+    assert rewards.tolist() == [1.0, 0.0, 0.0, 0.0]
+    batch = Batch(ro, rewards, rewards - 0.25, torch.Generator().get_state(), 0.0, 0.0, picked, golds)
+    cfg = cfg_of(records_samples=n, max_new_tokens=5, micro_batch_tokens=64, max_prompt_len=8, k=14)
+    logits = torch.randn(n, 5, 14, generator=torch.Generator().manual_seed(0), dtype=f64)
+    old = sparsify(logits.reshape(-1, 14), ro.completion_ids.reshape(-1), k=14, delta=0.0)
+    rec = records.Recorder(cfg, tok, step=0)
+    wrapped = rec.watch(LOSSES["troll"], batch, [torch.arange(n)])
+    wrapped(logits, ro.completion_ids, ro.completion_mask, batch.adv, old.samples(torch.arange(n), 5))
+    (tmp_path / records.FILE).write_text(json.dumps(rec.row()) + "\n")
+    [row] = records.read(tmp_path)
+    for s in row["samples"]:
+        problem = train[s["train_row"]]
+        assert (s["prompt"], s["gold"]) == (problem["question"], problem["gold"])  # the prompt: the question
+        assert addition.reward(s["completion"], s["gold"]) == s["reward"], s
+    assert [s["reward"] for s in row["samples"]] == [1.0, 0.0, 0.0, 0.0]
