@@ -19,8 +19,8 @@ With --read_mib N: a synthetic run folder (config.json, and a tokens.jsonl of ab
 `records_samples` samples, each of as many tokens as the size asks, figures drawn at random with a fixed seed, as
 the recorder writes them) in a temporary folder, then two timings on it: `python -m troll.inspect RUN --out
 page.html` (in this process, its output set aside), which reads each row's step from its line and whole only the
-rows its page shows (troll.records.Records), and `troll.records.read`, every row read whole and checked, as
-troll.inspect read them before. Target: the command within seconds.
+rows its page shows (troll.records.Records), and `troll.records.read`, every row read whole and checked (as
+troll.inspect read them before issue 53). Target: the command within seconds.
 """
 
 from __future__ import annotations
@@ -182,8 +182,8 @@ def reading(ap: Parser, a: argparse.Namespace, cfg: Config) -> None:
         print(f"python -m troll.inspect RUN --out page.html: {opened:.2f} s (page {page // 1024} KB)")
         t = time.perf_counter()
         rows = records.read(run)
-        print(f"troll.records.read, every row read whole (troll.inspect before): {time.perf_counter() - t:.2f} s "
-              f"({len(rows)} rows)")  # fmt: skip
+        print(f"troll.records.read, every row read whole and checked: {time.perf_counter() - t:.2f} s ({len(rows)} "
+              "rows)")  # fmt: skip
 
 
 if __name__ == "__main__":
