@@ -102,6 +102,7 @@ def test_page_is_self_contained_and_holds_both_runs_every_step_and_their_accurac
     text = tinspect.text_summary(str(a), shown[0][1], tinspect.at_step(shown[0][2], 10), shown[0][3])
     assert "1 projected (KL > eps), 1 PPO-clip would cut; held-out accuracy 0.300 at step 10" in text
     assert "'#'" in text and "1.6 " in text  # the ratio, from the stored log-ratio
+    assert "reward 1, gold '89#', prompt '04+85='" in text  # what re-checks the reward
     text = tinspect.text_summary(str(b), shown[1][1], tinspect.at_step(shown[1][2], 5), shown[1][3])
     assert "1 would be projected (KL > eps), 1 cut by the clip" in text and "accuracy" not in text
     assert tinspect.accuracy_at({0: 0.1, 10: 0.3}, 9) == (0, 0.1) and tinspect.accuracy_at({10: 0.3}, 9) is None
@@ -494,6 +495,7 @@ def test_the_page_renders_in_headless_chromium_without_network(tmp_path):
     panels = tokens_of(shown)
     assert [t for _, t in panels[0]] == [*TEXTS[:4], "&lt;/script&gt;"]
     assert [t for _, t in panels[1]] == [escape(t, quote=False) for t in HOSTILE]
+    assert shown.count('<span class="gold"> · gold "89#"</span>') == 2  # each sample's gold, beside its prompt
     colours = dict((t, c) for c, t in panels[0])
     assert red(colours["#"]) and colours["8"][2] > 240  # `#` rose 0.012 -> 0.05: red; `8` barely moved: near white
     shot = tmp_path / "page.png"

@@ -24,14 +24,17 @@ about runs x MAX_STEPS x troll.records.row_bytes_bound bytes, and the command pr
 token's figures: what happened, and set apart, what the other method would have done (a TROLL run's clip, a
 PPO-clip run's projection, both under DPPO and CISPO: troll.records computes them for every run). The address
 `page.html#colour=clip_ball&step=15&pin=RUN.SAMPLE.TOKEN,...` opens on that view and step with those tokens pinned
-(`pin=1.239.3`: the second run, sample 239, its fourth token).
+(`pin=1.239.3`: the second run, sample 239, its fourth token); a value that names none of the page's own views
+(`constructor`, which every object inherits, is none) or is no recorded step in decimal digits (`1e0` is not) opens
+the default view or step. Each sample shows its whole prompt and its gold answer (tokens.jsonl version 3).
 
 The page replaces a file at `--out` as a tool's `-o` does, whole (a temporary file beside it, renamed over it:
 troll.outputs); a folder or a symbolic link there is refused, the link left as it is and never written through.
-`--step` picks the step shown first (default: the last one every run recorded), `--colour` the view. A missing or
-damaged run file (config.json; each records row checked field by field against troll.records' schema; metrics.jsonl
-against troll.runfiles') is one line naming it, and for a row its line and field (`troll.cli.run_command`), never a
-traceback.
+`--step` picks the step shown first (default: the last one every run recorded), `--colour` the view. A run's records
+are read whole only at the steps the page holds (troll.records.Records: a 30,000-step file opens in a second). A
+missing or damaged run file (config.json; each records row read, checked field by field against troll.records' schema;
+metrics.jsonl against troll.runfiles') is one line naming it, and for a row its line and field
+(`troll.cli.run_command`), never a traceback.
 """
 
 from __future__ import annotations
