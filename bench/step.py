@@ -68,6 +68,7 @@ import torch  # noqa: E402
 
 import troll.train as train  # noqa: E402
 from bench._util import REWARDS, cpu_user, int_at_least, median, ratio  # noqa: E402
+from bench.flops import matmul_rate, step_flops  # noqa: E402
 from troll.cli import Parser, UsageError, run_command
 from troll.config import Config  # noqa: E402
 from troll.losses import LOSSES  # noqa: E402
@@ -87,6 +88,12 @@ VARIANTS = {
     "textbook": {"loss": "ppo_clip", "logits_chunk": 0},  # its loss: troll.watch.textbook_clip (below)
 }
 TROLLS = ("troll", "troll-paper")
+# --compare levers: the preset's own loss, today's per-sample path against the levers that remove repeated work
+LEVERS = {
+    "today": {"share_prompt": False, "minibatch_by": "sample", "system": None},
+    "shared": {"share_prompt": True, "minibatch_by": "group", "system": None},  # exact, and whole groups
+    "shared+system": {"share_prompt": True, "minibatch_by": "group", "system": ""},  # an empty system message
+}
 
 
 class PhaseClock:
@@ -94,14 +101,15 @@ class PhaseClock:
     and wall + CPU user seconds inside the loss functions' forward (phase "loss", part of "update"; the timed
     losses are `self.losses`, passed to `rl_step` as `loss_fn`)."""
 
-    def __init__(self, generator) -> None:
+    def __init__(self, generator, variants: dict[str, dict], cfg: Config) -> None:
         self.cpu: dict[str, float] = {}
         self.wall: dict[str, float] = {}
         for phase in ("old_policy", "update"):
             setattr(train, phase, self.timed(getattr(train, phase), phase))
         generator.generate = self.timed(generator.generate, "generate")
         generator.push_weights = self.timed(generator.push_weights, "sync")
-        loss = {name: textbook_clip if name == "textbook" else LOSSES[v["loss"]] for name, v in VARIANTS.items()}
+        loss = {name: textbook_clip if name == "textbook" else LOSSES[v.get("loss", cfg.loss)]
+                for name, v in variants.items()}  # fmt: skip
         self.losses = {name: self.timed(fn, "loss") for name, fn in loss.items()}
 
     def clear(self) -> None:
@@ -112,6 +120,8 @@ class PhaseClock:
         """`fn`, adding its wall and CPU user seconds to `phase`."""
 
         def run(*args, **kwargs):
+            if phase == "update":  # the step's batch, for its FLOP count (update(cfg, model, opt, sched, batch, ...))
+                self.batch = args[4]
             u, t = cpu_user(), time.perf_counter()
             try:
                 return fn(*args, **kwargs)
@@ -120,6 +130,29 @@ class PhaseClock:
                 self.wall[phase] = self.wall.get(phase, 0.0) + time.perf_counter() - t
 
         return run
+
+
+def report_levers(runs: dict[str, list[dict]], flops: dict[str, list[float]], rate: float, repeats: int) -> None:
+    """--compare levers: each variant's median phases, its paired ratio to today's path, and the fraction of this
+    machine's matmul rate its step reaches on the step's least FLOPs (bench/flops.py)."""
+    med = {name: {k: median(m[k] for m in ms) for k in ms[0]} for name, ms in runs.items()}
+    head = "".join(f"{p:>11s}" for p in PHASES)
+    print(f"\nmedian wall s    {head} {'total':>7s} | paired to today | GFLOP  of the rate ({rate / 1e9:.1f} GFLOP/s)")
+    for name, ms in runs.items():
+        md = med[name]
+        paired = median(ratio(m["total"], t["total"]) for m, t in zip(ms, runs["today"], strict=True))
+        need = median(flops[name])
+        print(
+            f"{name:16s} " + "".join(f"{md[p]:11.3f}" for p in PHASES) + f" {md['total']:7.2f} |"
+            f" {paired:14.2f}x | {need / 1e9:5.1f}  {need / md['total'] / rate:6.1%}"
+        )
+    best = min((n for n in runs if n != "today"), key=lambda n: med[n]["total"])
+    paired = median(ratio(m["total"], t["total"]) for m, t in zip(runs[best], runs["today"], strict=True))
+    verdict = "met" if paired <= 1 / 3 else "NOT met"
+    print(
+        f"SUMMARY levers: {best} / today {paired:.2f}x the step (target <= 0.33x): {verdict}; median of {repeats} "
+        f"paired rounds; today {med['today']['total']:.1f} s, {best} {med[best]['total']:.1f} s a step"
+    )
 
 
 def snapshot(model, opt, sched) -> dict:
@@ -145,6 +178,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int_at_least(1), default=10, help="measured rounds (each runs both variants)")
     ap.add_argument("--warmup", type=int_at_least(0), default=2, help="untimed rounds first")
     ap.add_argument("--reward", default="parity", choices=[*REWARDS, "task"], help="task = the addition reward")
+    ap.add_argument(
+        "--compare", default="losses", choices=["losses", "levers"],
+        help="losses: TROLL against PPO-clip; levers: the preset's loss on today's per-sample path against the shared "
+        "prompt (and an empty system message), with the step's FLOPs against this machine's matmul rate",
+    )  # fmt: skip
     a, rest = ap.parse_known_args()
     cfg = Config.from_args(["--preset", "tiny-cpu", *rest], prog=ap.prog)
     device = torch.device("cpu" if cfg.device == "auto" else cfg.device)
@@ -159,16 +197,18 @@ def main() -> None:
         raise UsageError(str(e)) from None
     if cfg.sft_steps:
         warm_start_task(cfg, model, tokenizer, task)  # prints its record
-    if a.reward != "task":
-        task.reward = REWARDS[a.reward]
+    variants = VARIANTS if a.compare == "losses" else LEVERS
+    tasks = {name: load_task(dataclasses.replace(cfg, **v), tokenizer)[0] for name, v in variants.items()}
+    for t in tasks.values():  # each variant's prompts (a system message changes them), the same problems
+        t.reward = REWARDS[a.reward] if a.reward != "task" else t.reward
     threads_before = torch.get_num_threads()
     tmp = tempfile.TemporaryDirectory()
     generator = make_generator(cfg, model, tokenizer, Path(tmp.name))
     opt, sched = make_optimizer(cfg, model)  # the preset's constant schedule, no warmup
-    clock = PhaseClock(generator)
+    clock = PhaseClock(generator, variants, cfg)
     n_params = sum(p.numel() for p in model.parameters())
     print(
-        f"model: tiny Llama, {n_params / 1e6:.2f}M parameters, vocab {vocab}; backend {cfg.backend}, "
+        f"model: {cfg.model}, {n_params / 1e6:.2f}M parameters, vocab {vocab}; backend {cfg.backend}, "
         f"setup {time.perf_counter() - t0:.1f} s; torch threads {threads_before}/{torch.get_num_threads()} "
         f"(before/after the generator), OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}"
     )
@@ -181,9 +221,10 @@ def main() -> None:
 
     snap = snapshot(model, opt, sched)
     engine_fresh = True  # the engine (vLLM) holds the snapshot's weights
-    runs: dict[str, list[dict]] = {name: [] for name in VARIANTS}
+    runs: dict[str, list[dict]] = {name: [] for name in variants}
+    flops: dict[str, list[float]] = {name: [] for name in variants}
     for r in range(a.warmup + a.repeats):
-        order = list(VARIANTS)[:: -1 if r % 2 else 1]
+        order = list(variants)[:: -1 if r % 2 else 1]
         line = []
         for name in order:
             restore(snap, model, opt, sched)
@@ -191,9 +232,9 @@ def main() -> None:
                 generator.push_weights(model)  # untimed: put the round's starting weights back into the engine
             clock.clear()
             u = cpu_user()
-            variant = dataclasses.replace(cfg, **VARIANTS[name])
-            loss_fn = clock.losses[name]
-            row = train.rl_step(variant, r, model, tokenizer, generator, opt, sched, task, loss_fn=loss_fn)
+            variant = dataclasses.replace(cfg, **variants[name])
+            loss_fn, pending = clock.losses[name], []
+            row = train.rl_step(variant, r, model, tokenizer, generator, opt, sched, tasks[name], pending, loss_fn)
             user = cpu_user() - u
             engine_fresh = False
             cpu = {p: clock.cpu.get(p, 0.0) for p in PHASES}
@@ -204,11 +245,16 @@ def main() -> None:
             m |= {k: row.get(k, float("nan")) for k in ("reward", "frac_active", "dual_iters_mean", "grad_norm")}
             if r >= a.warmup:
                 runs[name].append(m)
+                flops[name].append(sum(step_flops(model.config, clock.batch.ro, variant.epochs).values()))
             line.append(f"{name} {m['total']:.2f} s (update {m['update']:.2f}, user {user:.2f})")
         snap, engine_fresh = snapshot(model, opt, sched), True  # continue from the last variant's state
         tag = "warm-up" if r < a.warmup else f"round {r - a.warmup + 1}"
         print(f"  {tag:8s}: " + ", ".join(line) + f"; reward {row['reward']:.2f}")
 
+    if a.compare == "levers":
+        report_levers(runs, flops, matmul_rate(model.config), a.repeats)
+        tmp.cleanup()
+        return
     med = {name: {k: median(m[k] for m in ms) for k in ms[0]} for name, ms in runs.items()}
     for name, ms in runs.items():
         med[name]["min"] = min(m["total"] for m in ms)

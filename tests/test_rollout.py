@@ -62,11 +62,11 @@ def engine(tiny):
     gen.close()
 
 
-@pytest.fixture(params=["hf", "vllm"])
+@pytest.fixture(params=["hf", "hf-shared", "vllm"])
 def backend(request, tiny, model):
-    """(generator, model it must agree with)."""
-    if request.param == "hf":
-        return HFGenerator(model, tiny[1], max_model_len=128), model
+    """(generator, model it must agree with); hf-shared forwards each prompt once for its samples (--share_prompt)."""
+    if request.param.startswith("hf"):
+        return HFGenerator(model, tiny[1], max_model_len=128, share_prompt=request.param == "hf-shared"), model
     return request.getfixturevalue("engine"), model
 
 
@@ -261,3 +261,19 @@ def test_hf_greedy_stops_at_eos_and_matches_argmax(tiny, model):
         assert len(c) == MAX_NEW or c[-1] == tok.eos_token_id
         logits = completion_logits(model, [p], torch.tensor([c]), 1.0, V)[0]
         assert logits.argmax(-1).tolist() == c
+
+
+def test_a_shared_prompt_samples_what_each_sample_s_own_prompt_samples(tiny, model, monkeypatch):
+    """--share_prompt in generation: the prompt forwarded once and its cache repeated for the n samples draws the
+    same tokens from the same seed as transformers' repeated prompts, with the same log-probs."""
+    tok, prompts = tiny[1], tiny[2]
+    plain = HFGenerator(model, tok, max_model_len=128).generate(prompts, 4, MAX_NEW, 0.9, 5, seed=3)
+    prefilled = []
+    prefill = HFGenerator._prefill
+    monkeypatch.setattr(HFGenerator, "_prefill", lambda self, *a: prefilled.append(a[0].shape) or prefill(self, *a))
+    shared = HFGenerator(model, tok, max_model_len=128, share_prompt=True).generate(prompts, 4, MAX_NEW, 0.9, 5, seed=3)
+    assert [s[0] for s in prefilled] == [len(prompts)]  # one forward of the 4 prompts, not of 16 copies
+    assert torch.equal(shared.completion_ids, plain.completion_ids)
+    assert torch.equal(shared.finished, plain.finished) and plain.finished.any() and (~plain.finished).any()
+    torch.testing.assert_close(shared.logprobs, plain.logprobs, rtol=0, atol=1e-5)
+    torch.testing.assert_close(shared.top_logp, plain.top_logp, rtol=0, atol=1e-5)

@@ -38,7 +38,9 @@ quantity with `policy.completion_logits` (then `log_softmax`):
   HF `generate` runs with `model.generation_config` swapped for a fresh `GenerationConfig()` for the call,
   in eval mode (no dropout; gradient checkpointing would turn the KV cache off), the mode restored after.
 - HF sampling runs under `torch.random.fork_rng` seeded with `seed`: reproducible, and the caller's RNG state
-  is left as it was. Its memory is O(B * T * V) (it keeps every step's scores): meant for tests and small models.
+  is left as it was. With `share_prompt` a prompt is forwarded once for its n samples (its KV cache repeated),
+  not n times: the same distribution, sampled in the same order from the same seed. Its memory is O(B * T * V)
+  (it keeps every step's scores): meant for tests and small models.
 
 Bad input, all checked before any sampling (`check_request`): an empty batch, an empty prompt, a token id
 outside the tokenizer, n < 1, max_new_tokens < 1, temperature <= 0, K < 0, and a prompt with
@@ -239,6 +241,7 @@ class HFGenerator:
         eos_token_ids: Sequence[int] | None = None,
         greedy_batch: int = 64,
         dtype: torch.dtype | None = None,
+        share_prompt: bool = False,
     ):
         self.source = model
         self.model = model if dtype in (None, model.dtype) else copy.deepcopy(model).to(dtype)
@@ -248,6 +251,7 @@ class HFGenerator:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
         self.max_model_len = max_model_len or model.config.max_position_embeddings
         self.greedy_batch = greedy_batch
+        self.share_prompt = share_prompt
 
     def push_weights(self, model: Any) -> None:
         """Copy the training model's weights into the lower-precision sampler (no-op when the sampler is the model
@@ -260,28 +264,50 @@ class HFGenerator:
                     dst.copy_(src)
 
     @torch.no_grad()
-    def _generate(self, prompts: list[list[int]], config: GenerationConfig, seed: int | None) -> tuple[Any, int]:
-        """`model.generate` on left-padded prompts, in eval mode, without the model's own generation config."""
+    def _generate(
+        self, prompts: list[list[int]], config: GenerationConfig, seed: int | None, n: int = 1
+    ) -> tuple[Any, int]:
+        """`model.generate` on left-padded prompts, in eval mode, without the model's own generation config; n
+        samples of each (`config.num_return_sequences` stays 1). With `share_prompt` each prompt but its last token
+        is forwarded once and its cache repeated for its n samples (`_prefill`); else transformers repeats it."""
         device = next(self.model.parameters()).device
-        ids, attn = left_pad(prompts, self.pad_id)
+        ids, attn = (x.to(device) for x in left_pad(prompts, self.pad_id))
         config.eos_token_id, config.pad_token_id = self.eos_token_ids, self.pad_id
+        config.num_return_sequences = 1 if self.share_prompt else n
         saved, was_training = self.model.generation_config, self.model.training
         self.model.generation_config = GenerationConfig()
         self.model.eval()
         try:
+            cache = None
+            if self.share_prompt and n > 1 and min(len(p) for p in prompts) > 1:
+                ids, attn, cache = self._prefill(ids, attn, n)
             with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
                 if seed is not None:
                     torch.manual_seed(seed)
                 out = self.model.generate(
-                    input_ids=ids.to(device),
-                    attention_mask=attn.long().to(device),
+                    input_ids=ids,
+                    attention_mask=attn.long(),
                     generation_config=config,
                     logits_processor=LogitsProcessorList([MaskPaddedVocab(self.vocab_size)]),
+                    **({"past_key_values": cache} if cache is not None else {}),
                 )
         finally:
             self.model.generation_config = saved
             self.model.train(was_training)
         return out, ids.shape[1]
+
+    def _prefill(self, ids: Tensor, attn: Tensor, n: int) -> tuple[Tensor, Tensor, Any]:
+        """Prompts [U, P] forwarded once up to their last column, the KV cache repeated n times per prompt (sample
+        b = i * n + j, as transformers orders num_return_sequences): (ids, attn [U * n, P], the cache). `generate`
+        then computes only the last column of each row before sampling."""
+        positions = (attn.long().cumsum(-1) - 1).clamp(min=0)  # as generate numbers them
+        head = self.model(
+            input_ids=ids[:, :-1], attention_mask=attn[:, :-1].long(), position_ids=positions[:, :-1], use_cache=True,
+            logits_to_keep=1,
+        )  # fmt: skip
+        cache = head.past_key_values
+        cache.batch_repeat_interleave(n)
+        return ids.repeat_interleave(n, 0), attn.repeat_interleave(n, 0), cache
 
     def _lengths(self, comp: Tensor) -> tuple[Tensor, Tensor]:
         """(finished [B] bool, length [B] long): up to and including the first EOS, else the whole row."""
@@ -319,11 +345,10 @@ class HFGenerator:
             top_k=0,
             top_p=1.0,
             max_new_tokens=max_new_tokens,
-            num_return_sequences=n,
             output_scores=True,
             return_dict_in_generate=True,
         )
-        out, P = self._generate(prompts, config, seed)
+        out, P = self._generate(prompts, config, seed, n)
         comp = out.sequences[:, P:].cpu()  # [B, T]
         logp = torch.stack(out.scores, dim=1).float().log_softmax(-1).cpu()  # [B, T, V]
         finished, lengths = self._lengths(comp)

@@ -2,14 +2,15 @@
 
     model, tokenizer, task, generator, opt, sched = start(run)     # run: troll.harness.Run, opened on cfg.out
 
-In order: the model (or the checkpoint a resumed run continues from) and the task's data; every check that needs
-them (`check_start`: the tokenizer fits the output layer, --kl_update_vocab can act, a new LoRA run's targets match
-layers); only then the run folder claimed (troll.harness), and for a new run the supervised warm-start
-(troll.warmstart), the frozen base kept once (LoRA) and the adapters added (troll.lora); the optimiser
-(`make_optimizer`: AdamW over the trained weights, linear warmup, then constant or cosine to 0 over all optimiser
-steps); the rollout engine (`make_generator`: the training model itself, or a vLLM engine that loads the base from
-disk once and then follows every update in place); last, the step-0 evaluation and checkpoint of a new run, or the
-restored optimiser and schedule of a resumed one.
+In order: what a count implies for the model (`check_size`: the tiny model --vocab_size makes fits in memory); the
+model (or the checkpoint a resumed run continues from) and the task's data; every check that needs them
+(`check_start`: the tokenizer fits the output layer, --kl_update_vocab can act, a new LoRA run's targets match
+layers and its rank is one they have); only then the run folder claimed (troll.harness), and for a new run the
+supervised warm-start (troll.warmstart), the frozen base kept once (LoRA) and the adapters added (troll.lora); the
+optimiser (`make_optimizer`: AdamW over the trained weights, linear warmup, then constant or cosine to 0 over all
+optimiser steps); the rollout engine (`make_generator`: the training model itself, or a vLLM engine that loads the
+base from disk once and then follows every update in place); last, the step-0 evaluation and checkpoint of a new
+run, or the restored optimiser and schedule of a resumed one.
 """
 
 from __future__ import annotations
@@ -23,20 +24,24 @@ from typing import Any
 import torch
 
 from troll.checkpoint import save_base
+from troll.cli import free_memory, gib
 from troll.config import Config
 from troll.harness import Run, RunError, starting
 from troll.lora import base_source, base_weights, check_targets, is_adapter_checkpoint, owns_base, unwrap
 from troll.padding import check_vocab
-from troll.policy import adapt, build_model
+from troll.policy import TINY, adapt, build_model
 from troll.rollout import Generator, HFGenerator
 from troll.task import evaluate, load_task
 from troll.warmstart import warm_start_task
+
+TRAINED_BYTES_PER_PARAM = 16  # a trained float32 weight: itself, its gradient and AdamW's two moments
 
 
 def make_generator(cfg: Config, model: Any, tokenizer: Any, out: Path) -> Generator:
     """The rollout engine: the training model itself (hf), or a vLLM engine that follows its weights."""
     if cfg.backend == "hf":  # rollout_dtype bfloat16: a bf16 copy samples, refreshed by every push
-        return HFGenerator(model, tokenizer, dtype=torch.bfloat16 if cfg.rollout_dtype == "bfloat16" else None)
+        dtype = torch.bfloat16 if cfg.rollout_dtype == "bfloat16" else None
+        return HFGenerator(model, tokenizer, dtype=dtype, share_prompt=cfg.share_prompt)
     from troll.vllm_engine import VLLMGenerator
 
     auto_dtype = "bfloat16" if model.device.type == "cuda" else "float32"  # vLLM's usual dtype; CPU: the trainer's
@@ -70,16 +75,36 @@ def make_optimizer(cfg: Config, model: Any) -> tuple[torch.optim.Optimizer, torc
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
+def check_size(cfg: Config) -> None:
+    """What --vocab_size implies, checked before the model is built: the tiny model's input and output layers, each
+    vocab_size x hidden trained weights, fit in the memory free (troll.cli.free_memory). A RunError names it."""
+    size = 2 * cfg.vocab_size * TINY["hidden"] * TRAINED_BYTES_PER_PARAM
+    free = free_memory()
+    if free is not None and size > free:
+        raise RunError(
+            f"--vocab_size {cfg.vocab_size} makes the tiny model's input and output layers {gib(size)} to train, more "
+            f"than the {gib(free)} free here: pass a smaller --vocab_size"
+        )
+
+
 def check_start(cfg: Config, model: Any, tokenizer: Any, fresh: bool) -> None:
     """What the model and the tokenizer decide about `cfg`, checked before the run writes anything: the tokenizer
     fits the output layer, --kl_update_vocab can act, and a new LoRA run's every --lora_targets name matches a layer
-    (troll.lora.check_targets). A RunError names the setting."""
+    (troll.lora.check_targets) and its --lora_rank is at most the rank of the widest linear layer (a larger rank
+    adds nothing but memory). A RunError names the setting."""
     try:
         check_vocab(len(tokenizer), unwrap(model).get_output_embeddings().weight.shape[0])
         if fresh and cfg.lora_rank:
             check_targets(model, cfg.lora_targets)
     except ValueError as e:
         raise RunError(f"--model {cfg.model}: {e}") from None
+    linear = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    widest = max((min(m.in_features, m.out_features) for m in linear), default=0)
+    if fresh and cfg.lora_rank > widest:
+        raise RunError(
+            f"--lora_rank {cfg.lora_rank} is above the rank of every linear layer of {cfg.model} (at most {widest}), "
+            f"which it adds nothing to but memory: pass at most {widest}"
+        )
     if 0 < cfg.kl_update_vocab < len(tokenizer):
         raise RunError(
             f"--kl_update_vocab {cfg.kl_update_vocab} is below the model's {len(tokenizer)}-token vocabulary, so the "
@@ -100,6 +125,8 @@ def start(run: Run, wrap_generator: Callable[[Generator], Generator] | None = No
         except ValueError as e:
             raise RunError(str(e)) from None
     torch.manual_seed(cfg.seed)
+    if cfg.model == "tiny":
+        check_size(cfg)
     with starting(f"loading {source}"):  # resumed LoRA: its adapters on the base
         model, tokenizer = build_model(cfg, run.device, path=run.checkpoint)
     try:
