@@ -67,3 +67,42 @@ def test_vllm_follows_the_real_models_tied_output_layer(monkeypatch):
         assert engine.greedy(prompts, 8) == HFGenerator(model, tok).greedy(prompts, 8)
     finally:
         engine.close()
+
+
+def test_the_shared_prompt_on_the_real_model_is_within_float32s_own_error():
+    """--share_prompt on SmolLM2 in float32 (its RMSNorm included): TROLL's loss and every gradient differ from the
+    float64 per-sample truth by no more than the float32 per-sample pass does (twice its error, plus 1e-7 for a
+    gradient entry the float32 pass gets exactly)."""
+    from troll.policy import completion_logits, shared_prompt_logits
+    from troll.sparse import sparsify
+
+    cfg = Config(**(PRESETS["smollm2-words"] | SHORT))
+    model, tok = build_model(cfg, torch.device("cpu"))
+    task, _ = load_task(cfg, tok)
+    prompts = encode(tok, [task.prompt(r["question"]) for r in task.train[:2]])
+    prompts = [p for p in prompts for _ in range(2)]  # two groups of two, as a micro-batch holds them
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(100, 20000, (4, 6), generator=g)
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    mask[1, 4:] = False
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5])
+
+    def loss_and_grad(scorer, m):
+        m.zero_grad(set_to_none=True)
+        logits = scorer(m, prompts, ids, 1.0, len(tok))
+        with torch.no_grad():  # an anchor a little away from p, so the projection acts on some tokens
+            moved = logits.detach() + 0.3 * torch.randn(logits.shape, generator=g)
+            old = sparsify(moved.reshape(-1, len(tok)).float(), ids.reshape(-1), k=16, delta=1e-5)
+        value, _ = LOSSES["troll"](logits, ids, mask, adv.to(logits.dtype), old.samples(torch.arange(4), 6), norm_len=6)
+        value.backward()
+        return value.detach().double(), torch.cat([p.grad.reshape(-1).double() for p in m.parameters()])
+
+    g.manual_seed(1)
+    plain = loss_and_grad(completion_logits, model)
+    g.manual_seed(1)
+    shared = loss_and_grad(shared_prompt_logits, model)
+    g.manual_seed(1)
+    truth = loss_and_grad(completion_logits, model.double())
+    for got, want, base in zip(shared, truth, plain, strict=True):
+        assert (got - want).abs().max() <= 2 * (base - want).abs().max() + 1e-7
+    assert truth[1].abs().max() > 1e-3
