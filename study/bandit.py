@@ -59,6 +59,7 @@ from study.runner import (
     check_figures,
     grid_problem,
     inert_flag,
+    jobs_problem,
     one_of,
     paired_diffs,
     plan,
@@ -386,6 +387,8 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     for name in ("steps", "jobs"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if problem := jobs_problem(args.jobs):
+        p.error(problem)
     if args.samples < 2:
         p.error(f"--samples must be >= 2 (GRPO needs a group), got {args.samples}")
     if args.vocab and args.vocab < 1000:

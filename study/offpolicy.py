@@ -104,6 +104,7 @@ from study.runner import (
     check_figures,
     grid_problem,
     inert_flag,
+    jobs_problem,
     plan,
     read_results,
     refuse_other_settings,
@@ -310,6 +311,8 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     for name in ("steps", "eval_size", "sft_steps", "jobs"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if problem := jobs_problem(args.jobs):
+        p.error(problem)
     if args.vocab_size and args.vocab_size < 260:
         p.error(f"--vocab_size must be 0 or >= 260 (the tiny tokenizer's size), got {args.vocab_size}")
     if not 0 < args.threshold <= 1:

@@ -85,6 +85,7 @@ from study.runner import (
     given,
     grid_problem,
     inert_flag,
+    jobs_problem,
     one_of,
     paired_diffs,
     pm,
@@ -559,6 +560,8 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     for name in ("steps", "eval_size", "sft_steps", "jobs", "sweep_seeds"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if problem := jobs_problem(args.jobs):
+        p.error(problem)
     if any(not (lr > 0 and math.isfinite(lr)) for lr in args.lrs):
         p.error(f"--lrs must be positive and finite, got {' '.join(map(str, args.lrs))}")
     if problem := grid_problem(p, args, every_run(args), FLAGS, "every value makes runs"):

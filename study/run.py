@@ -65,7 +65,17 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from study import figures
-from study.runner import grid_problem, inert_flag, merge_results, read_rows, remove_run, run_all, train_run, workers
+from study.runner import (
+    grid_problem,
+    inert_flag,
+    jobs_problem,
+    merge_results,
+    read_rows,
+    remove_run,
+    run_all,
+    train_run,
+    workers,
+)
 from troll import outputs, plot, runfiles
 from troll.cli import Parser, fail, run_command
 from troll.config import Config, settings
@@ -329,6 +339,8 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error(str(e))
     if args.jobs < 1 or args.limit < 0:
         p.error("--jobs must be >= 1 and --limit >= 0")
+    if problem := jobs_problem(args.jobs):
+        p.error(problem)
     whole = grid(argparse.Namespace(**{**vars(args), "limit": 0}))  # a value past --limit still makes runs
     if problem := grid_problem(p, args, whole, FLAGS, "the on-policy 1x1 runs for the first of --variants only"):
         p.error(problem)

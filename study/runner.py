@@ -4,6 +4,7 @@ the command's common branches and rules. Each study imports this module and trol
 - Workers (`workers`, `each`, `run_all`): `--jobs N` runs N spawned worker processes (no fork of a process with
   OpenMP threads), each with cores / N torch threads; with one job the worker keeps torch's default threads, or,
   where a study asks for it (`in_process`: the bandit, whose runs take seconds), the work runs in this process.
+  Jobs whose processes the memory free cannot hold (WORKER_BYTES each) are refused with the flags (`jobs_problem`).
 - Results (`read_results`, `merge_results`): a JSONL file, one row per finished run, read by run name and merged
   by name after every run (rows of other grids in it are kept), rewritten atomically. A torn line, a run listed
   twice with different rows, or a foreign row (`foreign_row`: one lacking a field the study reads, or naming a cell
@@ -51,7 +52,7 @@ from typing import Any
 
 from troll import outputs
 from troll.checkpoint import read_jsonl, rewrite_jsonl, rows_by_name
-from troll.cli import UsageError, fail
+from troll.cli import UsageError, fail, free_memory, gib
 from troll.config import Config
 from troll.schema import SchemaError, Spec, fields_problem, jsonl_lines
 
@@ -67,15 +68,30 @@ def init_worker(threads: int) -> None:
         torch.set_num_threads(threads)
 
 
+WORKER_BYTES = 1 << 29  # a study's worker process: torch and troll imported (0.33 GiB measured), a tiny run in it
+
+
 def cores() -> int:
     """The CPU cores this process may run on."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def jobs_problem(jobs: int) -> str | None:
+    """Why --jobs `jobs` cannot run here, or None: its worker processes, WORKER_BYTES each, need more memory than is
+    free (troll.cli.free_memory). A study checks it with its other flags, before it writes anything."""
+    free = free_memory()
+    if jobs < 2 or free is None or jobs * WORKER_BYTES <= free:
+        return None
+    return (
+        f"--jobs {jobs}: each job is a worker process of about {gib(WORKER_BYTES)}, {gib(jobs * WORKER_BYTES)} in all, "
+        f"more than the {gib(free)} free here: pass at most {max(1, free // WORKER_BYTES)}"
+    )
+
+
 @contextlib.contextmanager
 def workers(jobs: int, in_process: bool = False) -> Iterator[ProcessPoolExecutor | None]:
     """`jobs` spawned worker processes, each with cores / jobs torch threads (one job: torch's default); None, the
-    work in this process, when `in_process` and `jobs` is 1."""
+    work in this process, when `in_process` and `jobs` is 1. A study checks --jobs first (`jobs_problem`)."""
     if in_process and jobs == 1:
         yield None
         return

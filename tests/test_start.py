@@ -41,13 +41,20 @@ def ran(result, out: Path, steps: int = 1) -> None:
             ["--lora_rank", "4", "--lora_targets", "q_proj,v_proj"],
             ["v_prj matches no layer", "q_proj", "v_proj", "up_proj"],
         ),
+        (["--vocab_size", str(10**12)], ["--vocab_size", "300"], ["--vocab_size 1000000000000", "GiB free here"]),
+        (["--prompts_per_step", str(10**12)], [], ["--prompts_per_step 1000000000000 x", "GiB free here"]),
+        (["--samples_per_prompt", str(10**9)], [], ["--samples_per_prompt 1000000000 x", "GiB free here"]),
+        (["--max_new_tokens", str(10**12)], ["--max_new_tokens", "4"], ["--max_new_tokens 1000000000000", "2048"]),
+        (["--lora_rank", "100000"], ["--lora_rank", "4"], ["--lora_rank 100000", "pass at most 128"]),
     ],
-    ids=["max_prompt_len", "lora_targets"],
+    ids=["max_prompt_len", "lora_targets", "vocab_size", "prompts_per_step", "samples_per_prompt", "max_new_tokens",
+         "lora_rank"],  # fmt: skip
 )
 def test_a_failed_start_writes_nothing(tmp_path, wrong, right, words):
     """A check that needs the model or the data (every prompt too long; a LoRA target name that matches no layer,
-    which PEFT drops in silence when another matches) refuses the run before <out> is made; the corrected command
-    then runs in the same --out. An empty --out stays empty (a new run locks it when it claims it)."""
+    which PEFT drops in silence when another matches; a count whose memory is more than is free or that the model
+    cannot take) refuses the run before <out> is made; the corrected command then runs in the same --out. An empty
+    --out stays empty (a new run locks it when it claims it)."""
     out = tmp_path / "run"
     one_line(train(out, *QUICK, *wrong), 2, *words)
     assert not out.exists()

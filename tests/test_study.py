@@ -7,10 +7,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
 import re
 import shlex
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -472,3 +474,19 @@ def test_a_flag_that_cannot_act_is_refused_in_one_line_before_anything_is_writte
     where = [] if "--calibrate" in argv else ["--results", str(path)]  # --calibrate reads no results file
     refused(command("-m", module, *where, *argv), *words)
     assert path.read_text() == text and [p.name for p in tmp_path.iterdir()] == ["results.jsonl"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("study", "flags"),
+    [("run", ["--sft_steps", "0", "--eval_size", "2"]), ("offpolicy", ["--sft_steps", "1", "--eval_size", "2"]),
+     ("real", ["--sft_steps", "1", "--eval_size", "2"]), ("bandit", ["--samples", "2"])],
+)  # fmt: skip
+def test_a_study_refuses_jobs_whose_processes_do_not_fit(tmp_path, study, flags):
+    """--jobs of more worker processes than the memory free holds: one line naming it and how many fit, checked with
+    the other flags (study.runner.jobs_problem): no process started, no file written (the work folder stays empty)."""
+    res = subprocess.run([sys.executable, "-m", f"study.{study}", "--steps", "1", *flags, "--jobs", "1000000"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_WAIT_POLICY": "PASSIVE"})  # fmt: skip
+    line = refused(res, "--jobs 1000000: each job is a worker process", "pass at most")
+    assert re.search(r"pass at most \d+$", line) and list(tmp_path.iterdir()) == []

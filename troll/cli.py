@@ -176,6 +176,11 @@ def free_memory() -> int | None:
     return free if limit == resource.RLIM_INFINITY else max(0, min(free, limit - used))
 
 
+def gib(size: int) -> str:
+    """`size` bytes in GiB for a message ("1.5 GiB"), a size past a float's range too (an absurd count's)."""
+    return f"{size / 2**30:.3g} GiB" if size < 2**1000 else f"more than 10^{len(str(size)) - 11} GiB"
+
+
 def quiet_interrupt(kind: type[BaseException], value: BaseException, tb: Any) -> None:
     """sys.excepthook once `run_command` has said a Ctrl-C: nothing more for the KeyboardInterrupt (no traceback),
     any other exception as Python prints it."""

@@ -88,7 +88,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from troll import gsm8k, outputs
 from troll.checkpoint import complete_checkpoints, damage_remedy, damaged_file
-from troll.cli import Parser, UsageError, free_memory, run_command
+from troll.cli import Parser, UsageError, free_memory, gib, run_command
 from troll.task import GSM8K_FORMAT, decode, encode, load_task, score
 
 if TYPE_CHECKING:
@@ -393,10 +393,9 @@ def too_many(problems: int, samples: int, max_new_tokens: int, free: int | None)
     kept = problems * (1 + samples) * max_new_tokens * KEPT_BYTES_PER_TOKEN
     if free is None or kept <= free:
         return None
-    size = f"up to {kept / 2**30:.3g} GiB" if kept < 2**1000 else "more"  # a float holds up to about 2**1024
     return (
         f"{problems} problems x (1 + --samples {samples}) completions x --max_new_tokens {max_new_tokens} tokens keep "
-        f"{size} of completions in memory, more than the {free / 2**30:.3g} GiB free here: pass a smaller --samples, "
+        f"up to {gib(kept)} of completions in memory, more than the {gib(free)} free here: pass a smaller --samples, "
         "--max_new_tokens or --limit"
     )
 

@@ -29,12 +29,15 @@ from troll.config import Config
 from troll.harness import Run, RunError, starting
 from troll.lora import base_source, base_weights, check_targets, is_adapter_checkpoint, owns_base, unwrap
 from troll.padding import check_vocab
-from troll.policy import TINY, adapt, build_model
+from troll.policy import adapt, build_model
 from troll.rollout import Generator, HFGenerator
 from troll.task import evaluate, load_task
 from troll.warmstart import warm_start_task
 
-TRAINED_BYTES_PER_PARAM = 16  # a trained float32 weight: itself, its gradient and AdamW's two moments
+TINY_TOKEN_BYTES = 6 << 10  # a --vocab_size token of the tiny model's run: its rows of the input and output layers
+# (float32, trained: gradients and AdamW's moments), its tokenizer entry, its share of a step (5.4 KiB measured: the
+# peak memory of a run of --vocab_size 200,000 over one of 100,000, CPU)
+SCORE_BYTES = 12  # a sampled token's score per output row on the hf sampler: float32, its stack and log_softmax
 
 
 def make_generator(cfg: Config, model: Any, tokenizer: Any, out: Path) -> Generator:
@@ -76,14 +79,38 @@ def make_optimizer(cfg: Config, model: Any) -> tuple[torch.optim.Optimizer, torc
 
 
 def check_size(cfg: Config) -> None:
-    """What --vocab_size implies, checked before the model is built: the tiny model's input and output layers, each
-    vocab_size x hidden trained weights, fit in the memory free (troll.cli.free_memory). A RunError names it."""
-    size = 2 * cfg.vocab_size * TINY["hidden"] * TRAINED_BYTES_PER_PARAM
+    """What --vocab_size implies, checked before the model is built: its tokens, TINY_TOKEN_BYTES each, fit in the
+    memory free (troll.cli.free_memory). A RunError names it."""
+    size = cfg.vocab_size * TINY_TOKEN_BYTES
     free = free_memory()
     if free is not None and size > free:
         raise RunError(
-            f"--vocab_size {cfg.vocab_size} makes the tiny model's input and output layers {gib(size)} to train, more "
-            f"than the {gib(free)} free here: pass a smaller --vocab_size"
+            f"--vocab_size {cfg.vocab_size} makes a tiny model whose run takes about {gib(size)}, more than the "
+            f"{gib(free)} free here: pass a smaller --vocab_size"
+        )
+
+
+def check_step(cfg: Config, model: Any) -> None:
+    """What a step's counts imply for the model, checked before anything is written or sampled: --max_new_tokens
+    leaves room for a prompt within the model's positions, and the scores a step's sampling keeps fit in the memory
+    free (troll.cli.free_memory): --prompts_per_step x --samples_per_prompt completions of --max_new_tokens tokens,
+    each token SCORE_BYTES per output row on the hf sampler (which keeps every step's scores) or per kept log-prob
+    (--k + 1) on vLLM. A RunError names the counts."""
+    positions = getattr(unwrap(model).config, "max_position_embeddings", None)
+    if positions is not None and cfg.max_new_tokens >= positions:
+        raise RunError(
+            f"--max_new_tokens {cfg.max_new_tokens} leaves no room for a prompt within the {positions} positions of "
+            f"{cfg.model}: pass fewer"
+        )
+    rows = unwrap(model).get_output_embeddings().weight.shape[0] if cfg.backend == "hf" else cfg.k + 1
+    size = cfg.prompts_per_step * cfg.samples_per_prompt * cfg.max_new_tokens * rows * SCORE_BYTES
+    free = free_memory()
+    if free is not None and size > free:
+        per = f"the {rows} output rows of {cfg.model} (hf sampler)" if cfg.backend == "hf" else f"--k {cfg.k} + 1"
+        raise RunError(
+            f"--prompts_per_step {cfg.prompts_per_step} x --samples_per_prompt {cfg.samples_per_prompt} x "
+            f"--max_new_tokens {cfg.max_new_tokens} tokens, each scored over {per}, keep {gib(size)} in a step, "
+            f"more than the {gib(free)} free here: pass smaller counts"
         )
 
 
@@ -91,13 +118,14 @@ def check_start(cfg: Config, model: Any, tokenizer: Any, fresh: bool) -> None:
     """What the model and the tokenizer decide about `cfg`, checked before the run writes anything: the tokenizer
     fits the output layer, --kl_update_vocab can act, and a new LoRA run's every --lora_targets name matches a layer
     (troll.lora.check_targets) and its --lora_rank is at most the rank of the widest linear layer (a larger rank
-    adds nothing but memory). A RunError names the setting."""
+    adds nothing but memory), and what a step's counts imply (`check_step`). A RunError names the setting."""
     try:
         check_vocab(len(tokenizer), unwrap(model).get_output_embeddings().weight.shape[0])
         if fresh and cfg.lora_rank:
             check_targets(model, cfg.lora_targets)
     except ValueError as e:
         raise RunError(f"--model {cfg.model}: {e}") from None
+    check_step(cfg, model)
     linear = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     widest = max((min(m.in_features, m.out_features) for m in linear), default=0)
     if fresh and cfg.lora_rank > widest:
