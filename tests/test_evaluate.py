@@ -21,6 +21,7 @@ from troll.evaluate import (
     decode,
     encode,
     gsm8k_equal,
+    hf_samples_per_call,
     ks,
     load_generator,
     main,
@@ -259,6 +260,13 @@ def test_counts_are_checked_against_the_memory_they_keep():
                  "pass a smaller --samples, --max_new_tokens or --limit"):  # fmt: skip
         assert said in line, (said, line)
     assert "keep up to more than 10^" in too_many(1, 10**400, 1, gib)  # beyond a float: no OverflowError
+
+
+def test_hf_sampling_calls_are_bounded_by_their_scores_and_a_batch():
+    """Samples per hf call: scores of about HF_SCORE_BYTES (a real vocabulary: one sample of 1,024 tokens), and at
+    most HF_SAMPLE_BATCH where the scores are small (a tiny model: a million samples are not one batch)."""
+    assert hf_samples_per_call(1024, 151_936) == 1 and hf_samples_per_call(4, 64) == 64
+    assert hf_samples_per_call(256, 4096) == 64 and hf_samples_per_call(1024, 4096) == 21
 
 
 @pytest.mark.parametrize(("flag", "value"), [("--samples", str(10**12)), ("--max_new_tokens", str(10**15)),

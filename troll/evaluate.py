@@ -28,13 +28,14 @@ vLLM when it is installed and a GPU or `--backend vllm` asks for it, else transf
 Sampling (`--samples N`; 0, the default, is greedy only): N completions per problem through the backend's own
 `generate` at `--temperature` (default 1.0; no top-k, top-p or penalties: troll.rollout), seeded by `--seed`
 (default 0). `--temperature` or `--seed` given without `--samples` cannot act and is refused. vLLM samples every
-problem in one call (a prompt's N samples share its prefix); the hf backend keeps every step's scores
-(O(samples x tokens x vocabulary)), so it samples the problems, each repeated N times, in calls whose scores take
-about HF_SCORE_BYTES (`sample`), each call's batch made when it comes (`sampling_calls`). What the counts imply is
-checked before the model loads (`too_many`): the completions kept, problems x (1 + N) x --max_new_tokens tokens of
-KEPT_BYTES_PER_TOKEN, must fit in the memory free (troll.cli.free_memory), else one line names the three counts.
-Call c is seeded with the c-th draw of random.Random(--seed): the same flags give the same samples on the same
-backend and machine. For k = 1, 2, 4, ... below N, and N (`ks`):
+problem in one call (a prompt's N samples share its prefix); the hf backend keeps every step's scores (O(samples x
+tokens x vocabulary)), so it samples the problems, each repeated N times, in calls whose scores take about
+HF_SCORE_BYTES, of at most HF_SAMPLE_BATCH samples (`sample`), each call's batch made when it comes
+(`sampling_calls`). What the counts imply is checked before the model loads (`too_many`): the completions kept,
+problems x (1 + N) x --max_new_tokens tokens of KEPT_BYTES_PER_TOKEN, must fit in the memory free
+(troll.cli.free_memory), else one line names the three counts. Call c is seeded with the c-th draw of
+random.Random(--seed): the same flags give the same samples on the same backend and machine. For k = 1, 2, 4, ...
+below N, and N (`ks`):
 
     pass@k  the unbiased estimator of Chen et al. (2021), 1 - C(n - c, k) / C(n, k) for a problem with c of its
             n = N samples correct, in its product form (`pass_at_k`), averaged over problems; pass@1 is the mean
@@ -100,6 +101,7 @@ HUB_TIMEOUT_S = 3.0  # the one hub lookup of a model name (resolve_model)
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 TOKENIZER = ("tokenizer.json", "tokenizer.model", "vocab.json")
 HF_SCORE_BYTES = 1 << 30  # the hf backend's kept scores per sampling call (`sample`)
+HF_SAMPLE_BATCH = 64  # and at most this many samples per call, as HFGenerator's greedy batch: activations grow too
 SCORE_BYTES_PER_LOGIT = 12  # generate's float32 scores, their stacked copy and its log_softmax (troll.rollout)
 KEPT_BYTES_PER_TOKEN = 48  # a kept completion token: its id in a Python list and its decoded text (measured: 45)
 OUTPUTS = ("predictions.jsonl", "summary.json")  # what it writes into --out, its marker listing them (troll.outputs)
@@ -401,8 +403,9 @@ def too_many(problems: int, samples: int, max_new_tokens: int, free: int | None)
 
 
 def hf_samples_per_call(max_new_tokens: int, vocab: int) -> int:
-    """Samples per hf `generate` call whose kept scores take about HF_SCORE_BYTES (at least one)."""
-    return max(1, HF_SCORE_BYTES // (SCORE_BYTES_PER_LOGIT * max_new_tokens * vocab))
+    """Samples per hf `generate` call whose kept scores take about HF_SCORE_BYTES (at least one), at most
+    HF_SAMPLE_BATCH."""
+    return max(1, min(HF_SAMPLE_BATCH, HF_SCORE_BYTES // (SCORE_BYTES_PER_LOGIT * max_new_tokens * vocab)))
 
 
 def load_generator(backend: str, model_path: str, tokenizer: Any, max_model_len: int) -> Generator:
