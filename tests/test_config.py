@@ -74,6 +74,8 @@ BAD_FLAGS = [
     (["--save_every", "0"], "save_every must be >= 1"),
     (["--samples_to_log", "-1"], "samples_to_log must be >= 0"),
     (["--seed", "-1"], "seed must be >= 0"),
+    (["--seed", str(2**63)], r"seed must be below 2\*\*63 \(a 64-bit integer\), got 9223372036854775808"),
+    (["--sft_steps", "1" + "0" * 30], r"sft_steps must be below 2\*\*63"),  # a count past a C integer
     (["--model", ""], "model must not be empty"),
     (["--model", " "], "model must not be empty"),
     (["--task", "gsm8k", "--data", ""], "data must not be empty"),

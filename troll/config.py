@@ -456,6 +456,7 @@ def check(cfg: Config) -> list[str]:
     for name in (name for name, tp in types.items() if tp is int):  # counts: >= 1, or >= 0 where 0 is allowed
         low = 0 if name in zero_ok.split() else 1
         need(getattr(cfg, name) >= low, f"{name} must be >= {low}, got {getattr(cfg, name)}")
+        need(getattr(cfg, name) < 2**63, f"{name} must be below 2**63 (a 64-bit integer), got {getattr(cfg, name)}")
     samples = cfg.prompts_per_step * cfg.samples_per_prompt
     need(cfg.minibatches <= samples, f"minibatches={cfg.minibatches} is more than the {samples} samples of a step")
     need(
