@@ -6,6 +6,7 @@ import itertools
 import json
 import math
 import random
+import re
 import shutil
 from collections import Counter
 from fractions import Fraction
@@ -267,6 +268,19 @@ def test_hf_sampling_calls_are_bounded_by_their_scores_and_a_batch():
     most HF_SAMPLE_BATCH where the scores are small (a tiny model: a million samples are not one batch)."""
     assert hf_samples_per_call(1024, 151_936) == 1 and hf_samples_per_call(4, 64) == 64
     assert hf_samples_per_call(256, 4096) == 64 and hf_samples_per_call(1024, 4096) == 21
+
+
+def test_max_new_tokens_past_the_models_positions_is_one_line(tmp_path, tiny_dir, gsm8k_dir, capsys):
+    """The hf backend's model has 2,048 positions (troll.tiny): --max_new_tokens past them after the longest prompt is
+    refused once the model is loaded, before any token is generated, naming how many fit; nothing written."""
+    model = ["--model", str(tiny_dir), "--data", str(gsm8k_dir), "--limit", "2", "--backend", "hf"]
+    with pytest.raises(SystemExit) as e:
+        main([*model, "--max_new_tokens", "4000", "--out", str(tmp_path / "e")])
+    line = capsys.readouterr().err.strip().splitlines()[-1]  # after the weights' loading bar (main, not the command)
+    assert e.value.code == 2 and line.startswith("python -m troll.evaluate: error: "), line
+    assert re.search(r"--max_new_tokens 4000 after the longest prompt \((\d+) tokens\) runs past the model's 2048 "
+                     r"positions: pass at most (\d+)$", line), line  # fmt: skip
+    assert not (tmp_path / "e").exists()
 
 
 @pytest.mark.parametrize(("flag", "value"), [("--samples", str(10**12)), ("--max_new_tokens", str(10**15)),

@@ -33,7 +33,8 @@ tokens x vocabulary)), so it samples the problems, each repeated N times, in cal
 HF_SCORE_BYTES, of at most HF_SAMPLE_BATCH samples (`sample`), each call's batch made when it comes
 (`sampling_calls`). What the counts imply is checked before the model loads (`too_many`): the completions kept,
 problems x (1 + N) x --max_new_tokens tokens of KEPT_BYTES_PER_TOKEN, must fit in the memory free
-(troll.cli.free_memory), else one line names the three counts. Call c is seeded with the c-th draw of
+(troll.cli.free_memory), else one line names the three counts; and on the hf backend the longest prompt and
+--max_new_tokens must fit in the model's positions (`past_positions`). Call c is seeded with the c-th draw of
 random.Random(--seed): the same flags give the same samples on the same backend and machine. For k = 1, 2, 4, ...
 below N, and N (`ks`):
 
@@ -402,6 +403,22 @@ def too_many(problems: int, samples: int, max_new_tokens: int, free: int | None)
     )
 
 
+def past_positions(generator: Generator, longest_prompt: int, max_new_tokens: int) -> str | None:
+    """Why the longest prompt and --max_new_tokens run past the positions of the hf backend's model
+    (config.max_position_embeddings, where generation degrades and transformers warns at every token), or None:
+    they fit, or the backend checks its own (vLLM's max_model_len)."""
+    config = getattr(getattr(generator, "model", None), "config", None)
+    positions = getattr(config, "max_position_embeddings", None)
+    if not isinstance(positions, int) or longest_prompt + max_new_tokens <= positions:
+        return None
+    room = positions - longest_prompt
+    fix = f"pass at most {room}" if room > 0 else "pass a smaller --limit, or a model with more positions"
+    return (
+        f"--max_new_tokens {max_new_tokens} after the longest prompt ({longest_prompt} tokens) runs past the model's "
+        f"{positions} positions: {fix}"
+    )
+
+
 def hf_samples_per_call(max_new_tokens: int, vocab: int) -> int:
     """Samples per hf `generate` call whose kept scores take about HF_SCORE_BYTES (at least one), at most
     HF_SAMPLE_BATCH."""
@@ -604,6 +621,8 @@ def main(argv: list[str] | None = None) -> dict:
     start = time.time()
     max_model_len = max(len(x) for x in prompts) + args.max_new_tokens
     generator = load_generator(backend, model_path, tokenizer, max_model_len)
+    if problem := past_positions(generator, max_model_len - args.max_new_tokens, args.max_new_tokens):
+        fail(problem)
     acc, records = score(rows, decode(tokenizer, generator.greedy(prompts, args.max_new_tokens)), spec.reward)
     extract, _ = answer_rule(spec.reward)
     records = [rec | {"extracted": extract(rec["completion"])} for rec in records]
