@@ -10,7 +10,16 @@ paths that are missing, files, folders, read-only folders or under a file. The c
   "Traceback" anywhere, and no file under the work folder written, changed or removed.
 
 Anything else escaping the command is a traceback: a failure. The flags are read from each command's own parser
-(troll.cli.Parser, captured on its first parse), so a new flag is fuzzed without a change here.
+(troll.cli.Parser, captured on its first parse), so a new flag is fuzzed without a change here. Every example runs
+under a memory limit (`memory_limit`: RLIMIT_AS at what the test process maps plus MEMORY_LIMIT), so an allocation
+that a value implies fails at once, a bug's exit 1, instead of taking the machine's memory; and its output, which is
+not a terminal, must hold no progress bar (`BAR`).
+
+The count test (`counts`) draws 1-2 of a command's counts (every flag taking an int: samples, problems, steps,
+tokens, batch sizes, jobs) at large to absurd values (ABSURD) and runs the command further than its checks, to its
+`count_stop` lines (troll.evaluate: to its end; troll.train: through its first RL step; a study: until its workers
+start). Each example must answer in one line or work: exit 0, reach its stop line, or still be working after
+STREAMED_S under the memory limit (the count is streamed: it only lengthens the work).
 
 Commands that would start real work are stopped where they start it: `Command.stop` names a line of the command's
 source (e.g. troll.start's `generator = make_generator(...)`, after the model, the data and the warm-start); reaching
@@ -19,6 +28,7 @@ values mean only a longer run (`bounded`) gets no huge valid values.
 
     python -m pytest -q tests/test_fuzz.py -m "not slow"          # QUICK examples per command, derandomized
     python -m pytest -q tests/test_fuzz.py -m slow --fuzz-examples 500
+    python -m pytest -q tests/test_fuzz.py -m slow -k test_counts --fuzz-examples 50
 """
 
 from __future__ import annotations
@@ -29,6 +39,8 @@ import importlib.util
 import io
 import json
 import os
+import re
+import resource
 import runpy
 import shutil
 import signal
@@ -43,13 +55,16 @@ from typing import Any
 import pytest
 
 hypothesis = pytest.importorskip("hypothesis")  # the dev extra (pyproject.toml)
-from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICK = 6  # examples per command in the quick suite (derandomized: the same ones every run)
 SLOW = 100  # examples per command in the slow test, unless --fuzz-examples says otherwise
 TIME_LIMIT_S = 120  # an example running longer than this fails: an accepted value that never finishes
+STREAMED_S = 30  # a count example working after this long, under the memory limit, is streamed: it works
+QUICK_STREAMED_S = 8  # the same in the quick suite (an allocation a count implies fails within seconds)
+MEMORY_LIMIT = 4 << 30  # bytes an example may take beyond what the test process holds (`memory_limit`)
 
 
 @dataclass(frozen=True)
@@ -62,6 +77,9 @@ class Command:
     bounded: frozenset[str] = frozenset()  # flags whose large values are only a longer run: no huge valid values
     also: str | None = None  # a module whose Config-style flags the command passes through (bench/step)
     stop_in: str | None = None  # the module whose source holds the `stop` lines, if not the command's own
+    count_base: tuple[str, ...] = ()  # flags after `base` in the count test (`counts`): its work at a small size
+    count_stop: tuple[str, ...] | None = None  # the count test's stop lines, after some real work (None: `stop`)
+    count_stop_in: str | None = None  # the module whose source holds the `count_stop` lines, if not the command's
 
 
 TINY_RUN = ("--steps", "1", "--sft_steps", "0", "--eval_size", "2", "--prompts_per_step", "2",
@@ -74,6 +92,8 @@ RUN_LENGTHS = frozenset({"--steps", "--sft_steps", "--eval_size", "--eval_every"
                          "--vocab_size", "--lora_rank", "--lora", "--k", "--kl_update_vocab", "--sft_target",
                          "--staleness"})  # fmt: skip
 
+STUDY_WORKERS = ("        yield None\n", "        yield pool\n")  # study.runner.workers: its processes made
+
 COMMANDS = {
     c.module: c
     for c in (
@@ -84,11 +104,15 @@ COMMANDS = {
             stop=("generator = make_generator(cfg, model, tokenizer, run.out)",),
             stop_in="troll.start",
             bounded=RUN_LENGTHS,
+            count_stop=('s["step"], s["skipped_steps"] = step + 1',),  # the first RL step done, being recorded
+            count_stop_in="troll.harness",
         ),  # fmt: skip
         Command(
             "troll.evaluate",
             base=("--model", "model", "--data", "gsm8k"),
-            stop=('tokenizer = load(AutoTokenizer.from_pretrained, model_path, "tokenizer")',),
+            stop=("generator = load_generator(backend, model_path, tokenizer, max_model_len)",),  # the model loads
+            count_base=("--limit", "2", "--max_new_tokens", "4"),
+            count_stop=(),  # the whole evaluation
         ),
         Command("troll.export"),
         Command("troll.plot"),
@@ -100,24 +124,32 @@ COMMANDS = {
             base=("--steps", "1", "--sft_steps", "0", "--eval_size", "2"),
             stop=("calibrate(args)\n", "with workers(args.jobs) as pool:"),
             bounded=RUN_LENGTHS,
+            count_stop=STUDY_WORKERS,
+            count_stop_in="study.runner",
         ),  # fmt: skip
         Command(
             "study.offpolicy",
             base=("--steps", "1", "--sft_steps", "1", "--eval_size", "2"),
             stop=("with workers(args.jobs) as pool:",),
             bounded=RUN_LENGTHS,
+            count_stop=STUDY_WORKERS,
+            count_stop_in="study.runner",
         ),  # fmt: skip
         Command(
             "study.real",
             base=("--steps", "1", "--sft_steps", "1", "--eval_size", "2"),
             stop=("with workers(args.jobs) as pool:",),
             bounded=RUN_LENGTHS,
+            count_stop=STUDY_WORKERS,
+            count_stop_in="study.runner",
         ),  # fmt: skip
         Command(
             "study.bandit",
             base=("--steps", "1", "--samples", "2"),
             stop=("with workers(args.jobs, in_process",),
             bounded=RUN_LENGTHS,
+            count_stop=STUDY_WORKERS,
+            count_stop_in="study.runner",
         ),  # fmt: skip
         Command("study.figures"),
         Command("study.inspect_figure", stop=("runs = {name: train(work, name) for name in RUNS}",)),
@@ -234,12 +266,15 @@ class TooLong(BaseException):
     """Raised by the alarm: the example ran past TIME_LIMIT_S."""
 
 
-def stop_lines(command: Command) -> tuple[str, set[int]]:
-    """The command's source file and the line numbers of its `stop` texts (each must occur once)."""
-    spec = importlib.util.find_spec(command.stop_in or command.module)
+def stop_lines(command: Command, counting: bool = False) -> tuple[str, set[int]]:
+    """The command's source file and the line numbers of its `stop` texts (each must occur once); `counting`: of
+    its `count_stop` texts, where it has them."""
+    later = counting and command.count_stop is not None
+    module = (command.count_stop_in if later else command.stop_in) or command.module
+    spec = importlib.util.find_spec(module)
     source = Path(spec.origin).read_text()
     lines = set()
-    for text in command.stop:
+    for text in command.count_stop if later else command.stop:
         at = source.find(text)
         assert at >= 0 and source.find(text, at + 1) < 0, f"{command.module}: stop line {text!r} not found once"
         lines.add(source.count("\n", 0, at) + 1)
@@ -273,7 +308,7 @@ def stopping_at(filename: str, lines: set[int]) -> Iterator[None]:
 class Outcome:
     """What one run of a command did."""
 
-    status: int | str  # the exit status, "accepted" (reached its stop line), or "exception"
+    status: int | str  # the exit status, "accepted" (reached its stop line), "streamed" (`run`), or "exception"
     stdout: str
     stderr: str
     error: str = ""  # the escaping exception's traceback
@@ -307,24 +342,45 @@ def isolated(module: str, work: Path) -> Iterator[None]:
             torch.set_num_threads(threads)
 
 
-def run(command: Command, argv: list[str], work: Path) -> Outcome:
-    """Run `python -m <module> <argv>` in this process with `work` as cwd; compare the files under it."""
+@contextlib.contextmanager
+def memory_limit(extra: int) -> Iterator[None]:
+    """The process's address space capped at what it maps now plus `extra` bytes (RLIMIT_AS's soft limit, restored
+    after), so an allocation that a count implies fails at once (a MemoryError, which a command's boundary calls a
+    bug) instead of taking the machine's memory first."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    status = Path("/proc/self/status").read_text()
+    mapped = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmSize:"))) * 1024
+    cap = mapped + extra if hard == resource.RLIM_INFINITY else min(mapped + extra, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def run(
+    command: Command, argv: list[str], work: Path, counting: bool = False, streamed_s: int = STREAMED_S
+) -> Outcome:
+    """Run `python -m <module> <argv>` in this process with `work` as cwd; compare the files under it. `counting`
+    (the count test): stopped at its `count_stop` lines, and still working after `streamed_s` is "streamed"."""
     out, err = io.StringIO(), io.StringIO()
     before = snapshot(work)
-    filename, lines = stop_lines(command)
+    filename, lines = stop_lines(command, counting)
     status: int | str = "exception"
     error = ""
+    limit = streamed_s if counting else TIME_LIMIT_S
 
     def alarm(signum: int, frame: Any) -> None:
-        raise TooLong(f"still running after {TIME_LIMIT_S} s")
+        raise TooLong(f"still running after {limit} s")
 
     with isolated(command.module, work):
         sys.argv[:] = [filename, *argv]
         signal.signal(signal.SIGALRM, alarm)
-        signal.alarm(TIME_LIMIT_S)
+        signal.alarm(limit)
         try:
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), stopping_at(filename, lines):
-                runpy.run_module(command.module, run_name="__main__", alter_sys=True)
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), memory_limit(MEMORY_LIMIT):
+                with stopping_at(filename, lines):
+                    runpy.run_module(command.module, run_name="__main__", alter_sys=True)
             status = 0
         except SystemExit as e:  # what the interpreter does with it: None 0, an int itself, else printed and 1
             if e.code is None or isinstance(e.code, int):
@@ -334,7 +390,11 @@ def run(command: Command, argv: list[str], work: Path) -> Outcome:
                 status = 1
         except Accepted:
             status = "accepted"
-        except Exception:  # a traceback (TooLong included)
+        except TooLong:
+            if not counting:
+                raise
+            status = "streamed"
+        except Exception:  # a traceback
             error = traceback.format_exc()
         finally:
             signal.alarm(0)
@@ -358,7 +418,9 @@ def problems(command: Command, parser: argparse.ArgumentParser, argv: list[str],
     found = []
     if "Traceback" in o.stdout + o.stderr:
         found.append(f"a traceback in the output:\n{o.stderr[-3000:]}")
-    if o.status in (0, "accepted"):
+    if bar := BAR.search(o.stdout + o.stderr):  # its output here is not a terminal
+        found.append(f"a progress bar in output that is not a terminal: {bar.group()!r}")
+    if o.status in (0, "accepted", "streamed"):
         if o.malformed:
             found.append(f"exit 0 leaving malformed files: {o.malformed}")
         return found
@@ -373,6 +435,9 @@ def problems(command: Command, parser: argparse.ArgumentParser, argv: list[str],
     if o.written:
         found.append(f"refused (exit {o.status}) after writing {o.written}")
     return found
+
+
+BAR = re.compile(r"\r|\d+/\d+ \[\d+:\d+")  # a redraw, or tqdm's "3/12 [00:01" (its bar's text, drawn once)
 
 
 def names_something(line: str, argv: list[str], parser: argparse.ArgumentParser) -> bool:
@@ -490,6 +555,32 @@ def arguments(draw: st.DrawFn, command: Command, parsers: dict[str, argparse.Arg
             argv += [flag, *draw(st.lists(values(action, bounded), min_size=0, max_size=3))]
         else:
             argv += [flag, draw(values(action, bounded))]
+    return draw(with_positionals(argv, command, parsers))
+
+
+ABSURD = ("1000000", "1000000000", "1000000000000", "9223372036854775807", "1" + "0" * 30)  # counts up to absurd
+
+
+def count_actions(command: Command, parsers: dict[str, argparse.ArgumentParser]) -> list[argparse.Action]:
+    """The command's counts: every flag that takes one int (samples, problems, steps, tokens, batch sizes, jobs)."""
+    return [a for a in flag_actions(command, parsers) if a.nargs is None and kind_of(a) == "int"]
+
+
+@st.composite
+def counts(draw: st.DrawFn, command: Command, parsers: dict[str, argparse.ArgumentParser]) -> list[str]:
+    """1-2 of the command's counts at large to absurd values (ABSURD), and its positionals."""
+    argv: list[str] = []
+    for action in draw(st.lists(st.sampled_from(count_actions(command, parsers)), min_size=1, max_size=2)):
+        argv += [draw(st.sampled_from(action.option_strings)), draw(st.sampled_from(ABSURD))]
+    return draw(with_positionals(argv, command, parsers))
+
+
+@st.composite
+def with_positionals(
+    draw: st.DrawFn, argv: list[str], command: Command, parsers: dict[str, argparse.ArgumentParser]
+) -> list[str]:
+    """`argv` with the command's positionals drawn before it (now and then none)."""
+    argv = list(argv)
     positionals = [] if draw(st.integers(0, 9)) == 0 else positional_actions(parsers[command.module])
     for action in positionals:  # first: argparse takes a positional after a flag of nargs + as its value
         many = action.nargs in ("+", "*")
@@ -532,21 +623,32 @@ def hub_offline() -> Iterator[None]:
 
 
 def fuzz(
-    command: Command, parsers: dict, shared: Path, tmp_path_factory: pytest.TempPathFactory, examples: int, quick: bool
+    command: Command,
+    parsers: dict,
+    shared: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    examples: int,
+    quick: bool,
+    draw: Any = arguments,
 ) -> None:
-    """Hypothesis over `command`'s flags, each example in its own work folder, asserting the invariant."""
+    """Hypothesis over `command`'s flags (`draw`: `arguments`, or `counts`, run as the count test: `run`), each
+    example in its own work folder, asserting the invariant. A count example is not shrunk: it is one or two flags
+    already, and each run of it may take STREAMED_S."""
     root = tmp_path_factory.mktemp(f"fuzz-{command.module}")
+    counting = draw is counts
+    phases = [phase for phase in Phase if not (counting and phase is Phase.shrink)]
 
-    @settings(max_examples=examples, deadline=None, derandomize=quick, database=None,
+    @settings(max_examples=examples, deadline=None, derandomize=quick, database=None, phases=phases,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large], print_blob=True)  # fmt: skip
-    @given(argv=arguments(command, parsers))
+    @given(argv=draw(command, parsers))
     def example(argv: list[str]) -> None:
         work = make_work(Path(root) / f"w{len(list(Path(root).iterdir()))}", shared)
+        full = [*base_for(command, argv), *(command.count_base if counting else ()), *argv]
         try:
-            outcome = run(command, [*base_for(command, argv), *argv], work)
+            outcome = run(command, full, work, counting, QUICK_STREAMED_S if quick else STREAMED_S)
         finally:
             unlock(work)
-        found = problems(command, parsers[command.module], [*base_for(command, argv), *argv], outcome)
+        found = problems(command, parsers[command.module], full, outcome)
         assert not found, f"python -m {command.module} {' '.join(map(repr, argv))}:\n" + "\n".join(found)
         shutil.rmtree(work, ignore_errors=True)
 
@@ -583,3 +685,24 @@ def test_fuzz(module: str, parsers: dict, shared: Path, tmp_path_factory: pytest
     """--fuzz-examples N (default SLOW) random examples per command."""
     examples = request.config.getoption("--fuzz-examples") or SLOW
     fuzz(COMMANDS[module], parsers, shared, tmp_path_factory, examples, quick=False)
+
+
+@pytest.mark.usefixtures("hub_offline")
+@pytest.mark.parametrize("module", list(COMMANDS))
+def test_counts_quick(module: str, parsers: dict, shared: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A few derandomized examples per command of its counts at absurd values, under the memory limit: one line,
+    or the work (accepted at its stop line, or done)."""
+    if not count_actions(COMMANDS[module], parsers):
+        pytest.skip(f"{module} takes no count")
+    fuzz(COMMANDS[module], parsers, shared, tmp_path_factory, QUICK, quick=True, draw=counts)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("hub_offline")
+@pytest.mark.parametrize("module", list(COMMANDS))
+def test_counts(module: str, parsers: dict, shared: Path, tmp_path_factory: pytest.TempPathFactory, request: Any):
+    """--fuzz-examples N (default SLOW) random examples per command of its counts at absurd values."""
+    if not count_actions(COMMANDS[module], parsers):
+        pytest.skip(f"{module} takes no count")
+    examples = request.config.getoption("--fuzz-examples") or SLOW
+    fuzz(COMMANDS[module], parsers, shared, tmp_path_factory, examples, quick=False, draw=counts)

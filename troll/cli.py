@@ -30,6 +30,10 @@
   abbreviated (`--step 5` is refused, not taken as `--steps 5`), and a refused flag is the same one line, with
   `(<prog> --help lists the flags)` added, not argparse's usage block, and `; did you mean --steps?` after it when an
   unknown flag is close to one of the command's (`close_flag`); `--help` prints the full help.
+- Progress bars draw on a terminal only: before a command's work, `run_command` turns the libraries' bars off when
+  stderr is a file or a pipe (`bars_on_a_terminal_only`), so a log gets lines.
+- A count is checked against the memory it implies before the work that would hold it: `free_memory` is what this
+  process can still take (the machine's available memory, within an address-space limit), `gib` writes a size.
 Any other exception is a bug: it keeps its traceback, followed by one line saying that it is a bug in troll to
 report with that traceback, and exit 1. This module imports nothing heavy: commands use it before torch is loaded
 (torch's and safetensors' exceptions are recognised by their module and name).
