@@ -4,9 +4,9 @@ read-only, replaced by a folder), against each command that reads it (resume, tr
 troll.plot, troll.inspect, the study's reports).
 
 The invariant: exit 0 with a correct result, or a non-zero exit whose last stderr line is one line naming the file
-(its path or name) and the way forward; never a traceback; and after any command, every finished checkpoint that
-was whole before is still whole (its bytes unchanged), or was rotated out by two newer whole ones (a run keeps its
-last two).
+(its path or name) and the way forward; never a traceback, and no progress bar (the output is not a terminal); and
+after any command, every finished checkpoint that was whole before is still whole (its bytes unchanged), or was
+rotated out by two newer whole ones (a run keeps its last two).
 
 The cases come from the file listing of real artifacts (`files`), so a file a new troll writes is swept without a
 change here. Each case runs on a copy of the pristine artifact, its command in this process (`invoke`: runpy with
@@ -39,6 +39,7 @@ from troll.checkpoint import check_checkpoint, damaged_file
 TINY = ["--sft_steps", "0", "--steps", "2", "--eval_size", "4", "--eval_every", "1", "--save_every", "1"]
 TINY += ["--prompts_per_step", "2", "--samples_per_prompt", "2"]
 DONE = 2  # the tiny runs' steps: resume asks for one more
+BAR = re.compile(r"\r|\d+/\d+ \[\d+:\d+")  # a redraw, or tqdm's "3/12 [00:01" (its bar's text, drawn once)
 
 
 # ------------------------------------------------------------------------------------------------ running commands
@@ -324,6 +325,8 @@ def run_case(pristine: Path, artifact: str, command: str, damage: str, rel: Path
     print(f"{artifact} {where}: exit {result.status}: {(result.err.strip().splitlines() or [''])[-1]}")  # pytest -s
     if result.status is None or "Traceback" in result.err:
         return f"{where}: a traceback\n{result.err[-2500:]}"
+    if bar := BAR.search(result.out + result.err):  # its output here is not a terminal
+        return f"{where}: a progress bar in output that is not a terminal: {bar.group()!r}"
     if result.status == 0:
         try:
             problem = cmd.ok(root, work, result)
