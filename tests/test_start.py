@@ -46,9 +46,10 @@ def ran(result, out: Path, steps: int = 1) -> None:
         (["--samples_per_prompt", str(10**9)], [], ["--samples_per_prompt 1000000000 x", "GiB free here"]),
         (["--max_new_tokens", str(10**12)], ["--max_new_tokens", "4"], ["--max_new_tokens 1000000000000", "2048"]),
         (["--lora_rank", "100000"], ["--lora_rank", "4"], ["--lora_rank 100000", "pass at most 128"]),
+        (["--staleness", str(10**8)], ["--staleness", "1"], ["--staleness 100000000 keeps 100000001 batches", "free"]),
     ],
     ids=["max_prompt_len", "lora_targets", "vocab_size", "prompts_per_step", "samples_per_prompt", "max_new_tokens",
-         "lora_rank"],  # fmt: skip
+         "lora_rank", "staleness"],  # fmt: skip
 )
 def test_a_failed_start_writes_nothing(tmp_path, wrong, right, words):
     """A check that needs the model or the data (every prompt too long; a LoRA target name that matches no layer,

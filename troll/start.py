@@ -38,6 +38,8 @@ TINY_TOKEN_BYTES = 6 << 10  # a --vocab_size token of the tiny model's run: its 
 # (float32, trained: gradients and AdamW's moments), its tokenizer entry, its share of a step (5.4 KiB measured: the
 # peak memory of a run of --vocab_size 200,000 over one of 100,000, CPU)
 SCORE_BYTES = 12  # a sampled token's score per output row on the hf sampler: float32, its stack and log_softmax
+KEPT_TOKEN_BYTES = 13  # a sampled token kept in a step's batch (troll.rollout.Rollouts): its id, log-prob and mask
+TOP_BYTES = 12  # and each of its top-k log-probs (the id and the value), where the sampler keeps them (--k)
 
 
 def make_generator(cfg: Config, model: Any, tokenizer: Any, out: Path) -> Generator:
@@ -95,7 +97,8 @@ def check_step(cfg: Config, model: Any) -> None:
     leaves room for a prompt within the model's positions, and the scores a step's sampling keeps fit in the memory
     free (troll.cli.free_memory): --prompts_per_step x --samples_per_prompt completions of --max_new_tokens tokens,
     each token SCORE_BYTES per output row on the hf sampler (which keeps every step's scores) or per kept log-prob
-    (--k + 1) on vLLM. A RunError names the counts."""
+    (--k + 1) on vLLM; and so do the 1 + --staleness batches sampled before the first update, KEPT_TOKEN_BYTES and
+    TOP_BYTES x (--k + 1) a token. A RunError names the counts."""
     positions = getattr(unwrap(model).config, "max_position_embeddings", None)
     if positions is not None and cfg.max_new_tokens >= positions:
         raise RunError(
@@ -111,6 +114,15 @@ def check_step(cfg: Config, model: Any) -> None:
             f"--prompts_per_step {cfg.prompts_per_step} x --samples_per_prompt {cfg.samples_per_prompt} x "
             f"--max_new_tokens {cfg.max_new_tokens} tokens, each scored over {per}, keep {gib(size)} in a step, "
             f"more than the {gib(free)} free here: pass smaller counts"
+        )
+    kept = (1 + cfg.staleness) * cfg.prompts_per_step * cfg.samples_per_prompt * cfg.max_new_tokens
+    kept *= KEPT_TOKEN_BYTES + TOP_BYTES * (cfg.k + 1)
+    if free is not None and kept > free:
+        raise RunError(
+            f"--staleness {cfg.staleness} keeps {1 + cfg.staleness} batches of --prompts_per_step "
+            f"{cfg.prompts_per_step} x --samples_per_prompt {cfg.samples_per_prompt} x --max_new_tokens "
+            f"{cfg.max_new_tokens} tokens with their top --k {cfg.k} log-probs before the first update, {gib(kept)}, "
+            f"more than the {gib(free)} free here: pass a smaller --staleness"
         )
 
 
