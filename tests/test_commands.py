@@ -310,6 +310,28 @@ def test_study_out_and_results_paths(tmp_path):
         ("trl_compare.py", ["--lr", "inf"], ["--lr", "finite"]),
         ("trl_compare.py", ["--prompts", "3", "--n", "3", "--minibatches", "2"], ["divisible"]),
         ("trl_compare.py", ["--n", "1"], ["--n", "must be >= 2"]),  # a group of one: every advantage 0
+        ("trl_compare.py", ["--model", "smollm2"], ["--model", "invalid choice"]),
+        ("trl_compare.py", ["--sides", "troll,troll_shared,trl"], ["--sides", "troll_clip"]),  # a real model's side
+        (
+            "trl_compare.py",
+            ["--model", "smollm2-135m-instruct", "--sides", "troll,troll_clip,trl"],
+            ["--sides", "troll_shared", "--model smollm2-135m-instruct"],
+        ),
+        (
+            "trl_compare.py",
+            ["--model", "smollm2-135m-instruct", "--sides", "troll,troll_shared_system,trl"],
+            ["--sides", "trl_system", "together"],
+        ),  # TRL on the same prompts, or no comparison
+        (
+            "trl_compare.py",
+            ["--model", "smollm2-135m-instruct", "--minibatches", "16"],
+            ["--minibatches 16", "--prompts 8", "whole groups"],
+        ),  # 32 samples in 16 minibatches, 8 groups
+        (
+            "trl_compare.py",
+            ["--model", "smollm2-135m-instruct", "--prompts", "3", "--minibatches", "5"],
+            ["divisible"],
+        ),  # the real model's defaults filled in before the checks: 3 x 4 samples
     ],
 )
 def test_bench_bad_arguments(script, flags, words):
