@@ -106,7 +106,7 @@ import torch  # noqa: E402
 
 from bench._util import int_at_least  # noqa: E402
 from bench.real_logits import add_real_flags, real_pair, real_settings  # noqa: E402
-from troll.cli import Parser, run_command  # noqa: E402
+from troll.cli import Parser, free_memory, gib, run_command  # noqa: E402
 from troll.losses import ppo_clip, troll_loss  # noqa: E402
 from troll.sparse import sparsify  # noqa: E402
 
@@ -116,6 +116,7 @@ EPS, CLIP, K, DELTA = 0.05, 0.2, 64, 1e-5
 TARGET_TIME, TARGET_MEMORY = 1.10, 1.05  # troll / clip (same gather)
 GB = 1e9
 SYNTHETIC, N_SYNTHETIC, N_REAL, V_QWEN = "synthetic", 4096, 2048, 151_936
+LOGIT_BYTES = 20  # peak memory per logit of the batch, float32 on CPU (19.5 measured: --n 3000 over --n 1000, V_QWEN)
 
 
 def make_batch(
@@ -267,6 +268,11 @@ def main(argv: list[str] | None = None) -> dict:
         ap.error(f"--device {a.device}: no CUDA GPU is available")
     if device.type not in ("cpu", "cuda"):
         ap.error(f"--device {a.device}: this bench measures cpu or cuda")
+    size = a.n * (a.v if synthetic else V_QWEN) * LOGIT_BYTES  # real logits: the model's vocabulary, at most Qwen's
+    if device.type == "cpu" and (free := free_memory()) is not None and size > free:
+        counts = f"--n {a.n} tokens x --v {a.v}" if synthetic else f"--n {a.n} tokens x the model's vocabulary"
+        ap.error(f"{counts} logits take about {gib(size)} with the projections' copies, more than the {gib(free)} free "
+                 "here: pass a smaller --n" + (" or --v" if synthetic else ""))  # fmt: skip
     if a.device == "cpu" and not os.access("/proc/self/clear_refs", os.W_OK):
         raise SystemExit("cpu peak memory needs a writable /proc/self/clear_refs (Linux)")
 
