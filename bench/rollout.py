@@ -62,12 +62,14 @@ if not __package__:  # run as a file (python bench/x.py): the repository root on
 import torch  # noqa: E402
 
 from bench._util import int_at_least  # noqa: E402
-from troll.cli import Parser, run_command
+from troll.cli import Parser, free_memory, gib, run_command
 from troll.rollout import HFGenerator, Rollouts  # noqa: E402
 from troll.tiny import save_tiny, tiny_llama, train_tokenizer  # noqa: E402
 from troll.vllm_engine import VLLMGenerator  # noqa: E402
 
 PROG = "python bench/rollout.py"  # the name in each of its lines, argparse's own and run_command's
+SCORE_BYTES = 12  # a generated token's score per output row kept by transformers `generate` (troll.start's figure)
+MODEL_BYTES = 8  # a parameter: float32, in the model and in vLLM's copy of it
 
 
 def corpus(n_sentences: int, seed: int = 0) -> list[str]:
@@ -137,6 +139,21 @@ def main() -> None:
     args = p.parse_args()
     if args.hidden % args.heads:
         p.error(f"--hidden {args.hidden} must be a multiple of --heads {args.heads}")
+    rows = max(args.model_vocab, args.vocab)  # the output layer: at least the tokenizer's size
+    params = args.layers * 12 * args.hidden**2 + 2 * rows * args.hidden  # a Llama layer's 12 H^2, embeddings
+    free = free_memory()
+    if free is not None and params * MODEL_BYTES > free:
+        p.error(
+            f"--hidden {args.hidden} x --layers {args.layers} with {rows} output rows make a model of "
+            f"{gib(params * MODEL_BYTES)} in its two copies, more than the {gib(free)} free here: pass smaller counts"
+        )
+    size = args.prompts * args.n * args.max_new * rows * SCORE_BYTES
+    if free is not None and size > free:
+        p.error(
+            f"--prompts {args.prompts} x --n {args.n} x --max-new {args.max_new} tokens, each scored over {rows} "
+            f"output rows, keep {gib(size)} in one transformers call, more than the {gib(free)} free here: pass "
+            "smaller counts"
+        )
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 

@@ -294,6 +294,8 @@ def test_study_out_and_results_paths(tmp_path):
     [
         ("projection.py", ["--n", "0"], ["--n", "must be >= 1"]),
         ("projection.py", ["--n", str(10**12)], ["--n 1000000000000 tokens x --v 151936 logits", "GiB free here"]),
+        ("rollout.py", ["--prompts", str(10**12)], ["--prompts 1000000000000 x --n 8 x --max-new 256", "free here"]),
+        ("rollout.py", ["--hidden", str(10**12)], ["--hidden 1000000000000 x --layers 4", "free here"]),
         ("projection.py", ["--device", "bogus"], ["--device", "not a torch device"]),
         ("projection.py", ["--lr", "0.1"], ["--lr applies to real logits"]),
         ("projection.py", ["--logits", "nope"], ["--logits nope", "not a model folder"]),

@@ -164,7 +164,8 @@ COMMANDS = {
             bounded=RUN_LENGTHS,
             also="troll.train",
         ),
-        Command("bench.rollout", stop=("tok = train_tokenizer(corpus(20000)",)),
+        Command("bench.rollout", stop=("tok = train_tokenizer(corpus(20000)",),
+                count_stop=("max_len = 64 + args.max_new",)),  # its model and prompts made, before vLLM
         Command("bench.sparse_models", stop=("tok = train_tokenizer(addition.corpus()",)),
         Command(
             "bench.step",
