@@ -77,7 +77,7 @@ if not __package__:  # run as a file (python bench/x.py): the repository root on
 import torch  # noqa: E402
 
 from bench._util import int_at_least, positive_float  # noqa: E402
-from troll.cli import Parser, UsageError, run_command  # noqa: E402
+from troll.cli import Parser, UsageError, free_memory, gib, run_command  # noqa: E402
 from troll.project import project_sparse  # noqa: E402
 from troll.sparse import atom_kl, build_support, sparsify, support_kl  # noqa: E402
 
@@ -264,6 +264,12 @@ def real_pair(settings: Settings, n: int, seed: int, device: str = "cpu") -> Rea
     tokenizer = AutoTokenizer.from_pretrained(settings.folder)
     model = AutoModelForCausalLM.from_pretrained(settings.folder, dtype=torch.float32).to(device).eval()
     vocab = min(len(tokenizer), model.get_output_embeddings().weight.shape[0])  # ids past the tokenizer: never used
+    size = 2 * n * vocab * 4  # p's and q's float32 logits, [n, vocab] each
+    if device == "cpu" and (free := free_memory()) is not None and size > free:
+        raise UsageError(
+            f"--n {n} rows x the model's {vocab} logits take {gib(size)} for p and q alone, more than the {gib(free)} "
+            "free here: pass a smaller --n"
+        )
     problems, chat = gold_solutions(tokenizer, settings.rows, n)
     tokens = torch.cat([ids[0] for _, ids in problems]).to(device)
     problem = torch.cat([torch.full((ids.shape[1],), i) for i, (_, ids) in enumerate(problems)]).to(device)

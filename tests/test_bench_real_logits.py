@@ -255,6 +255,7 @@ def test_real_logits_refusals(tiny, tmp_path, capsys):
         (["--logits", str(tiny), "--json", str(tmp_path / "link.json")], ["--json", "symbolic link"]),
         (["--logits", str(tiny), "--json", str(tmp_path / "no" / "x.json")], ["--json", "folder does not exist"]),
         (["--logits", str(tiny), "--n", "8", "--ks", "1024"], ["--ks 1024", "V = 400"]),
+        (["--logits", str(tiny), "--n", str(10**12)], ["--n 1000000000000 rows x the model's 400 logits", "free"]),
         (["--lr", "0"], ["--lr", "> 0"]),
         (["--update", "some"], ["--update", "invalid choice"]),
     ]
