@@ -15,8 +15,13 @@ writes, under --out (default docs/figures):
                                                        pinned in both panels
 
 The runs train as `python -m troll.train --preset tiny-rare --records_every 5 [--loss ppo_clip]` with PyTorch, MKL
-and oneDNN held to their AVX2 kernels and 2 threads (PINNED), so any x86-64 CPU with AVX2 makes the same bytes
-(tests/test_inspect.py checks the committed files against a fresh run). The folders are the command's own (a marker,
+and oneDNN held to their AVX2 kernels and 2 threads, and MKL in its strict reproducible mode (PINNED), so that the
+CPU's make and the thread count do not enter the bytes (tests/test_inspect.py checks the committed files against a
+fresh run). What is shown and what is not: MKL's documentation promises its strict AVX2 mode the same gemm results on
+every Intel CPU with AVX2 whatever the thread count; on one Intel Xeon with AVX-512 and AMX two runs give the same
+bytes, and 1 thread gives the bytes of 2. No second CPU was at hand to compare with, and on other makers' CPUs
+(AMD) MKL takes its own code paths, which this mode does not cover (docs/results.md, "The token inspector's
+figure"). The folders are the command's own (a marker,
 troll.outputs): a file it did not write there is refused in one line, never replaced; so is a figure without its
 mark (PNG text Software=study.inspect_figure). Every check comes before the first run.
 """
@@ -43,8 +48,15 @@ STEP = 10  # the step the screenshot shows: both runs sample the same rewarded `
 RUNS = {"troll": [], "ppo": ["--loss", "ppo_clip"]}  # each folder's extra flags on README's command
 FILES = ("config.json", "tokens.jsonl", "metrics.jsonl")
 BY = "study.inspect_figure"  # the name that marks its files (troll.outputs)
-PINNED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2",
-          "OMP_NUM_THREADS": "2", "OMP_WAIT_POLICY": "PASSIVE"}  # fmt: skip
+# The runs' kernels, whatever the CPU: ATen's and oneDNN's AVX2 code, and MKL's AVX2 branch in strict conditional
+# numerical reproducibility (MKL_CBWR). Without MKL_CBWR, MKL picks its kernels and blocking by the CPU's model and
+# cache sizes; in strict mode its gemm (the only MKL routine these runs call: MKL_VERBOSE) gives the same bits on
+# every Intel CPU with AVX2 and any thread count (MKL's documentation; here MKL_NUM_THREADS=1 changes the run's bytes
+# without it, and not with it). Threads are fixed too: 2, and neither MKL nor OpenMP may change that at run time
+# (MKL_DYNAMIC, OMP_DYNAMIC), as MKL's reproducibility conditions ask.
+PINNED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "MKL_CBWR": "AVX2,STRICT",
+          "ONEDNN_MAX_CPU_ISA": "AVX2", "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2", "MKL_DYNAMIC": "FALSE",
+          "OMP_DYNAMIC": "FALSE", "OMP_WAIT_POLICY": "PASSIVE"}  # fmt: skip
 SIZE = "1400,900"  # the screenshot's window, pixels
 
 

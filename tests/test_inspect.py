@@ -617,7 +617,7 @@ def test_the_committed_figure_shows_the_lesson_without_a_number(tmp_path):
 @pytest.mark.slow
 def test_the_committed_figure_records_are_what_its_command_makes_today(tmp_path):
     """study.inspect_figure --records_only, run now, writes the committed files byte for byte (its runs hold
-    PyTorch, MKL and oneDNN to AVX2 kernels, so any x86-64 CPU with AVX2 makes them)."""
+    PyTorch, MKL and oneDNN to AVX2 kernels and MKL to its strict reproducible mode: inspect_figure.PINNED)."""
     import torch
 
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
