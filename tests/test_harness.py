@@ -516,3 +516,21 @@ def test_a_damaged_config_is_written_again_only_after_every_check(tmp_path):
     result = resume(out, "--steps", "3")
     assert result.status == 0 and f"{out / 'config.json'} was missing: written again" in result.out, result.out
     assert "nothing to do" in result.out and Config.load(out / "config.json").steps == 3
+
+
+def test_a_run_keeps_its_starting_point_and_its_last_two_checkpoints(tmp_path):
+    """Checkpoints rotate (the last two are kept), but step 0's, the warm-started model before the first RL step,
+    stays, so troll.evaluate scores the run before and after: here its weights are the model's before training."""
+    from troll.policy import build_model
+
+    cfg = tiny(tmp_path, steps=4, save_every=1)
+    before = {k: v.clone() for k, v in build_model(cfg, torch.device("cpu"))[0].state_dict().items()}
+    train(cfg)
+    names = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("step-*"))
+    assert names == ["step-000000", "step-000003", "step-000004"]
+    from safetensors.torch import load_file
+
+    start = load_file(tmp_path / "run" / "checkpoints" / "step-000000" / "model.safetensors")
+    assert all(torch.equal(start[k], before[k]) for k in start)  # no warm-start here (sft_steps 0): the built model
+    last = load_file(tmp_path / "run" / "checkpoints" / "step-000004" / "model.safetensors")
+    assert any(not torch.equal(last[k], start[k]) for k in start)

@@ -38,8 +38,13 @@ WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.b
 TOKENIZER = ("tokenizer.json", "tokenizer.model", "vocab.json")  # the vocabulary, beside tokenizer_config.json
 
 
+START = "step-000000"  # the checkpoint of a run's starting point, never rotated out
+
+
 def save_checkpoint(out: Path, model: Any, tokenizer: Any, opt: Any, sched: Any, state: dict) -> Path:
-    """Write checkpoints/step-NNNNNN (state["step"]) atomically, point `latest` at it, keep the last two."""
+    """Write checkpoints/step-NNNNNN (state["step"]) atomically, point `latest` at it, keep the last two and the
+    run's starting point (step-000000: the model before the first RL step, warm-started, for troll.evaluate to score
+    before and after)."""
     root = out / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     name = f"step-{state['step']:06d}"
@@ -53,7 +58,7 @@ def save_checkpoint(out: Path, model: Any, tokenizer: Any, opt: Any, sched: Any,
     shutil.rmtree(root / name, ignore_errors=True)
     os.replace(tmp, root / name)
     _write_atomic(root / "latest", name)
-    for old in sorted(p for p in root.glob("step-*") if p.name != name)[:-1]:
+    for old in sorted(p for p in root.glob("step-*") if p.name not in (name, START))[:-1]:
         shutil.rmtree(old, ignore_errors=True)
     return root / name
 
