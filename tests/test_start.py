@@ -47,9 +47,10 @@ def ran(result, out: Path, steps: int = 1) -> None:
         (["--max_new_tokens", str(10**12)], ["--max_new_tokens", "4"], ["--max_new_tokens 1000000000000", "2048"]),
         (["--lora_rank", "100000"], ["--lora_rank", "4"], ["--lora_rank 100000", "pass at most 128"]),
         (["--staleness", str(10**8)], ["--staleness", "1"], ["--staleness 100000000 keeps 100000001 batches", "free"]),
+        (["--epochs", str(10**9)], ["--epochs", "2"], ["--epochs 1000000000 shuffles of a step's 8 samples", "free"]),
     ],
     ids=["max_prompt_len", "lora_targets", "vocab_size", "prompts_per_step", "samples_per_prompt", "max_new_tokens",
-         "lora_rank", "staleness"],  # fmt: skip
+         "lora_rank", "staleness", "epochs"],  # fmt: skip
 )
 def test_a_failed_start_writes_nothing(tmp_path, wrong, right, words):
     """A check that needs the model or the data (every prompt too long; a LoRA target name that matches no layer,

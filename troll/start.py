@@ -40,6 +40,8 @@ TINY_TOKEN_BYTES = 6 << 10  # a --vocab_size token of the tiny model's run: its 
 SCORE_BYTES = 12  # a sampled token's score per output row on the hf sampler: float32, its stack and log_softmax
 KEPT_TOKEN_BYTES = 13  # a sampled token kept in a step's batch (troll.rollout.Rollouts): its id, log-prob and mask
 TOP_BYTES = 12  # and each of its top-k log-probs (the id and the value), where the sampler keeps them (--k)
+INDEX_TENSOR_BYTES = 600  # a step's shuffle or minibatch index tensor (troll.train.minibatches_of), its own cost:
+# 1,806 bytes measured for an epoch of one 4-sample shuffle and its 2 minibatches
 
 
 def make_generator(cfg: Config, model: Any, tokenizer: Any, out: Path) -> Generator:
@@ -98,7 +100,8 @@ def check_step(cfg: Config, model: Any) -> None:
     free (troll.cli.free_memory): --prompts_per_step x --samples_per_prompt completions of --max_new_tokens tokens,
     each token SCORE_BYTES per output row on the hf sampler (which keeps every step's scores) or per kept log-prob
     (--k + 1) on vLLM; and so do the 1 + --staleness batches sampled before the first update, KEPT_TOKEN_BYTES and
-    TOP_BYTES x (--k + 1) a token. A RunError names the counts."""
+    TOP_BYTES x (--k + 1) a token, and a step's --epochs shuffles of its samples, each cut into --minibatches
+    (troll.train.minibatches_of holds them all). A RunError names the counts."""
     positions = getattr(unwrap(model).config, "max_position_embeddings", None)
     if positions is not None and cfg.max_new_tokens >= positions:
         raise RunError(
@@ -123,6 +126,13 @@ def check_step(cfg: Config, model: Any) -> None:
             f"{cfg.prompts_per_step} x --samples_per_prompt {cfg.samples_per_prompt} x --max_new_tokens "
             f"{cfg.max_new_tokens} tokens with their top --k {cfg.k} log-probs before the first update, {gib(kept)}, "
             f"more than the {gib(free)} free here: pass a smaller --staleness"
+        )
+    samples = cfg.prompts_per_step * cfg.samples_per_prompt
+    shuffles = cfg.epochs * ((1 + cfg.minibatches) * INDEX_TENSOR_BYTES + 8 * samples)
+    if free is not None and shuffles > free:
+        raise RunError(
+            f"--epochs {cfg.epochs} shuffles of a step's {samples} samples, each cut into --minibatches "
+            f"{cfg.minibatches}, take {gib(shuffles)}, more than the {gib(free)} free here: pass fewer --epochs"
         )
 
 
