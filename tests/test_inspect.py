@@ -596,17 +596,28 @@ def test_the_page_opens_on_a_recorded_step_in_a_known_view_whatever_its_address(
 @pytest.mark.slow
 def test_the_committed_figure_shows_the_lesson_without_a_number(tmp_path):
     """The README's page (study.inspect_figure's runs, step 10, its default view): the `#` both runs drew alike
-    rose under TROLL, more than under PPO-clip; in the clip-against-ball view TROLL's is what the clip would have
-    cut and the ball let through."""
+    rose under both, more under TROLL, by the factors README and docs/results.md quote (read from the committed
+    records); in the clip-against-ball view TROLL's is what the clip would have cut and the ball let through."""
     need_chromium()
     out = tmp_path / "page.html"
     assert command(str(FIGURE / "troll"), str(FIGURE / "ppo"), "--step", "10", "--out", str(out)).returncode == 0
-    shown = dom(out, "#" + "pin=" + inspect_figure.pins(FIGURE))
+    pins = inspect_figure.pins(FIGURE)
+    shown = dom(out, "#" + "pin=" + pins)
     assert "in both panels: same completion" in shown and "held-out accuracy" in shown
     troll, ppo = (re.search(r'class="tok[^"]* sel"[^>]*style="background-color: (rgb\([^)]*\))', panel).group(1)
                   for panel in re.split(r'<section class="run"', shown)[1:])  # fmt: skip
     troll, ppo = rgb(troll), rgb(ppo)
-    assert red(troll) and red(ppo) and 255 - troll[2] > 255 - ppo[2] + 60  # both rose; TROLL's much redder
+    assert red(troll) and red(ppo) and troll[2] < ppo[2]  # both rose; TROLL's redder
+    index, position = (int(x) for x in pins.split(",")[0].split(".")[1:])  # "0.<sample>.<token>": the pinned `#`
+    rises = []  # p after / p before of the pinned `#`, TROLL's then PPO-clip's
+    for run in inspect_figure.RUNS:
+        sample = next(s for s in tinspect.at_step(records.read(FIGURE / run), 10)["samples"] if s["index"] == index)
+        assert sample["text"][position] == "#"
+        rises.append(sample["p_after"][position] / sample["p_before"][position])
+    assert rises[0] > rises[1] > 1
+    for doc in ("README.md", "docs/results.md"):  # the prose quotes the files' factors, rounded as it writes them
+        text = (ROOT / doc).read_text()
+        assert all(f"x{rise:.3f}" in text for rise in rises), (doc, rises)
     ball = dom(out, "#colour=clip_ball&pin=" + inspect_figure.pins(FIGURE))
     troll, ppo = (rgb(re.search(r'class="tok[^"]* sel"[^>]*style="background-color: (rgb\([^)]*\))', panel).group(1))
                   for panel in re.split(r'<section class="run"', ball)[1:])  # fmt: skip
