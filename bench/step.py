@@ -45,6 +45,14 @@ done), and each TROLL variant's ratio to clip: of the medians, and the median of
 ratios. Target: a TROLL step (the default model) costs at most 1.05x a clip step. The SUMMARY uses the paired
 median ratios.
 
+`--compare levers` (issue 52): the preset's own loss, with `LEVERS` as the variants: today's per-sample path
+(`--share_prompt false --minibatch_by sample`), the shared prompt with minibatches of whole groups, and that with an
+empty system message (`--system ''`, other prompts, the same problems). Each variant's task is loaded with its own
+settings. Reported: the phases, each variant's paired ratio to today's step, and the step's least FLOPs
+(`bench._flops.step_flops`: each prompt once per pass, each completion token once) over its median time, as a
+fraction of this machine's float32 matmul rate at the model's shapes (`bench._flops.matmul_rate`). Target: the
+best variant at most a third of today's step.
+
 OMP_WAIT_POLICY=PASSIVE is set (unless the environment sets it) before torch is imported: with the default
 spinning OpenMP threads a small CPU model runs up to 10x slower when another process competes for the cores.
 """
@@ -67,13 +75,13 @@ if not __package__:  # run as a file (python bench/x.py): the repository root on
 import torch  # noqa: E402
 
 import troll.train as train  # noqa: E402
+from bench._flops import matmul_rate, step_flops  # noqa: E402
 from bench._util import REWARDS, cpu_user, int_at_least, median, ratio  # noqa: E402
-from bench.flops import matmul_rate, step_flops  # noqa: E402
 from troll.cli import Parser, UsageError, run_command
 from troll.config import Config  # noqa: E402
 from troll.losses import LOSSES  # noqa: E402
 from troll.policy import build_model  # noqa: E402
-from troll.start import make_generator, make_optimizer  # noqa: E402
+from troll.start import check_step, make_generator, make_optimizer  # noqa: E402
 from troll.task import load_task  # noqa: E402
 from troll.warmstart import warm_start_task  # noqa: E402
 from troll.watch import textbook_clip  # noqa: E402
@@ -134,7 +142,7 @@ class PhaseClock:
 
 def report_levers(runs: dict[str, list[dict]], flops: dict[str, list[float]], rate: float, repeats: int) -> None:
     """--compare levers: each variant's median phases, its paired ratio to today's path, and the fraction of this
-    machine's matmul rate its step reaches on the step's least FLOPs (bench/flops.py)."""
+    machine's matmul rate its step reaches on the step's least FLOPs (bench/_flops.py)."""
     med = {name: {k: median(m[k] for m in ms) for k in ms[0]} for name, ms in runs.items()}
     head = "".join(f"{p:>11s}" for p in PHASES)
     print(f"\nmedian wall s    {head} {'total':>7s} | paired to today | GFLOP  of the rate ({rate / 1e9:.1f} GFLOP/s)")
@@ -190,6 +198,7 @@ def main() -> None:
     t0 = time.perf_counter()
     torch.manual_seed(cfg.seed)
     model, tokenizer = build_model(cfg, device)
+    check_step(cfg, model)  # what the counts imply for this model, in one line before any step (troll.start)
     vocab = len(tokenizer)
     try:
         task, _ = load_task(cfg, tokenizer)

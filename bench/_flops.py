@@ -1,7 +1,8 @@
 """What one RL step must compute, in floating-point operations, and what this machine computes in a second.
 
     need = step_flops(model.config, ro, epochs=1)   # {"generate": ..., "old_policy": ..., "update": ...} FLOPs
-    rate = matmul_rate(model.config)                # float32 FLOP/s of a [2048, H] x [H, I] product, best of 5
+    rate = matmul_rate(model.config)                # float32 FLOP/s of the MLP's product, the best of 5 at each of
+                                                    # 256 and 2,048 rows (a minibatch's and a generation's sizes)
 
 The count is the least the step's arithmetic needs, each prompt computed once per pass (prefix sharing), each
 completion token once: a forward over n positions of a decoder with N weights in its layers costs 2 N n for the
@@ -54,15 +55,19 @@ def step_flops(config: Any, ro: Any, epochs: int = 1) -> dict[str, float]:
     return {"generate": generate, "old_policy": one_pass, "update": 3 * one_pass * epochs}
 
 
-def matmul_rate(config: Any, rows: int = 2048, repeats: int = 5) -> float:
-    """This machine's float32 FLOP/s on the MLP's product at the model's shape, [rows, H] x [H, I]: best of
-    `repeats` timed products after one untimed."""
-    a = torch.randn(rows, config.hidden_size)
-    b = torch.randn(config.hidden_size, config.intermediate_size)
-    a @ b
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
+def matmul_rate(config: Any, rows: tuple[int, ...] = (256, 2048), repeats: int = 5) -> float:
+    """This machine's float32 FLOP/s on the MLP's product at the model's shape, [r, H] x [H, I]: the best of
+    `repeats` timed products after one untimed, at each r of `rows` (2 cores: about 320 GFLOP/s at 256 rows, which
+    stay in cache, and 130-190 at 2,048), the highest."""
+    rates = []
+    for r in rows:
+        a = torch.randn(r, config.hidden_size)
+        b = torch.randn(config.hidden_size, config.intermediate_size)
         a @ b
-        best = min(best, time.perf_counter() - t)
-    return 2 * rows * config.hidden_size * config.intermediate_size / best
+        best = float("inf")
+        for _ in range(repeats):
+            t = time.perf_counter()
+            a @ b
+            best = min(best, time.perf_counter() - t)
+        rates.append(2 * r * config.hidden_size * config.intermediate_size / best)
+    return max(rates)
