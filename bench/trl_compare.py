@@ -58,9 +58,10 @@ no warm-start (`--sft_steps 0`), the parity reward on both sides (troll scores t
 number at the token limit, as TRL does). TRL gets the rendered prompt text as a plain-string prompt, which its
 GRPOTrainer tokenizes with `processing_class(text=prompts)`: SmolLM2's tokenizer adds no special tokens, and every
 TRL side checks each batch's token ids against troll's (`troll.task.encode`), stopping on a difference. Its sides:
-  troll               the preset as it is (per-sample path);
-  troll_shared        the same with `--share_prompt true --minibatch_by group` (exact: each distinct prompt forwarded
-                      once in generation, the old-policy pass and the update, its KV cache shared by its samples);
+  troll               the preset on the per-sample path (`--share_prompt false --minibatch_by sample`, as before);
+  troll_shared        the same with `--share_prompt true --minibatch_by group`, the preset's own (exact: each prompt
+                      forwarded once in generation, the old-policy pass and the update, its KV cache shared by its
+                      samples);
   troll_shared_system troll_shared with `--system ''` (an empty system message instead of SmolLM2's default, which
                       shortens every prompt), against trl_system, TRL on those same prompts (the two come together);
   trl                 GRPOTrainer as above on the preset's prompts.
@@ -102,8 +103,8 @@ MODELS = {"tiny": "tiny-cpu", "smollm2-135m-instruct": "smollm2-words"}
 REAL_SIDES = ("troll", "troll_shared", "troll_shared_system", "trl", "trl_system")
 REAL_DEFAULT_SIDES = ("troll", "troll_shared", "trl")
 LEVERS = {  # a real-model troll side's flags beyond the preset's
-    "troll": [],
-    "troll_shared": ["--share_prompt", "true", "--minibatch_by", "group"],
+    "troll": ["--share_prompt", "false", "--minibatch_by", "sample"],  # the per-sample path, as before issue 52
+    "troll_shared": ["--share_prompt", "true", "--minibatch_by", "group"],  # the preset's own since issue 52
     "troll_shared_system": ["--share_prompt", "true", "--minibatch_by", "group", "--system", ""],
 }
 # per --model: the defaults of --prompts --n --max_new --minibatches --lr (the preset's)

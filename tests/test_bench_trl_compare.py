@@ -60,10 +60,10 @@ def test_each_real_troll_side_is_the_preset_and_its_levers():
     o["seed"] = 0
     cfgs = {s: Config.from_args(trl_compare.troll_argv(o | {"side": s})) for s in trl_compare.REAL_SIDES}
     preset = Config.from_args(["--preset", PRESET, "--sft_steps", "0"])
-    assert cfgs["troll"] == preset
-    assert cfgs["troll_shared"] == Config.from_args(
-        ["--preset", PRESET, "--sft_steps", "0", "--share_prompt", "true", "--minibatch_by", "group"]
+    assert cfgs["troll"] == Config.from_args(  # the per-sample path, as the preset ran before issue 52
+        ["--preset", PRESET, "--sft_steps", "0", "--share_prompt", "false", "--minibatch_by", "sample"]
     )
+    assert cfgs["troll_shared"] == preset and preset.share_prompt and preset.minibatch_by == "group"
     assert cfgs["troll_shared_system"].system == "" and cfgs["troll_shared_system"].share_prompt
     assert cfgs["trl"] == preset and cfgs["trl_system"].system == ""  # TRL's prompts: the same templates
     tiny = {"model": "tiny", "minibatches": 1, "prompts": 32, "n": 8, "max_new": 5, "lr": 1e-4, "seed": 0}
