@@ -451,3 +451,13 @@ def test_a_record_re_checks_its_own_reward_from_the_file(tmp_path):
         assert (s["prompt"], s["gold"]) == (problem["question"], problem["gold"])  # the prompt: the question
         assert addition.reward(s["completion"], s["gold"]) == s["reward"], s
     assert [s["reward"] for s in row["samples"]] == [1.0, 0.0, 0.0, 0.0]
+
+
+def test_a_log_ratio_past_a_floats_range_is_an_infinite_ratio_not_a_crash():
+    """A hand-edited log-ratio of 710 (exp overflows a float): the ratio is inf, and PPO-clip's rule cuts it for a
+    positive advantage (the hypothesis test of troll.inspect found the OverflowError)."""
+    import math
+
+    assert records.ratio(710.0) == math.inf and records.ratio(-800.0) == 0.0 and records.ratio(0.0) == 1.0
+    assert records.cut(1.0, [710.0, 0.0], "token", 0.2, 0.2) == [1, 0]
+    assert records.cut(1.0, [1420.0, 0.0], "sequence", 0.2, 0.2) == [1, 1]

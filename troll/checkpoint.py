@@ -212,6 +212,22 @@ def append_jsonl(path: Path, rows: Sequence[dict]) -> None:
         os.fsync(f.fileno())
 
 
+def json_object(raw: bytes) -> tuple[dict, None] | tuple[None, str]:
+    """One JSONL line's object, or what is wrong with it: not UTF-8, not JSON (or past int's 4,300 digits), or not an
+    object, in words that name the byte or column."""
+    try:
+        row = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        return None, f"not UTF-8 (byte {raw[e.start]:#04x} at column {e.start + 1})"
+    except json.JSONDecodeError as e:
+        return None, f"not valid JSON ({e.msg} at column {e.colno}): {raw[:80].decode('utf-8', 'replace')!r}"
+    except ValueError as e:  # int's limit (4,300 digits)
+        return None, f"not readable ({e})"
+    if type(row) is not dict:
+        return None, f"expected a JSON object, got {type(row).__name__}"
+    return row, None
+
+
 def read_jsonl(path: str | Path, torn_tail: bool = False, skip_damaged: bool = False) -> list[dict]:
     """The JSON objects of a JSONL file, one per non-blank line, in file order.
 
@@ -227,17 +243,10 @@ def read_jsonl(path: str | Path, torn_tail: bool = False, skip_damaged: bool = F
         if not raw.strip():
             continue
         where = f"{path} line {n}"
-        try:
-            row = json.loads(raw.decode("utf-8"))
-        except UnicodeDecodeError as e:
-            problem = f"not UTF-8 (byte {raw[e.start]:#04x} at column {e.start + 1})"
-        except json.JSONDecodeError as e:
-            problem = f"not valid JSON ({e.msg} at column {e.colno}): {raw[:80].decode('utf-8', 'replace')!r}"
-        else:
-            if isinstance(row, dict):
-                rows.append(row)
-                continue
-            problem = f"expected a JSON object, got {type(row).__name__}"
+        row, problem = json_object(raw)
+        if problem is None:
+            rows.append(row)
+            continue
         if torn_tail and n == len(lines):
             message = f"{where}: skipped a torn last line ({problem}), as a run killed mid-write leaves one"
             warnings.warn(message, stacklevel=2)

@@ -41,13 +41,12 @@ from __future__ import annotations
 
 import html
 import json
-import math
 import warnings
 from pathlib import Path
 
 from troll import outputs
 from troll.cli import Parser, UsageError, run_command
-from troll.records import Records
+from troll.records import Records, ratio
 
 PROG = "python -m troll.inspect"
 SHOWN = ("task", "loss", "eps", "clip_low", "clip_high", "level", "support", "old_policy", "staleness", "lr",
@@ -148,7 +147,7 @@ def _num(x: float | None) -> str:
 
 
 def _ratio(log_ratio: float | None) -> float | None:
-    return None if log_ratio is None else math.exp(log_ratio)
+    return None if log_ratio is None else ratio(log_ratio)
 
 
 def counts(loss: str, row: dict) -> str:

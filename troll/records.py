@@ -61,7 +61,6 @@ the reader loads without it.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Callable, Collection, Sequence
@@ -69,6 +68,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from troll.checkpoint import json_object
 from troll.cli import UsageError
 from troll.schema import Spec, fields_problem, first_problem, shown
 
@@ -169,6 +169,15 @@ def exact(x: float) -> float | None:
     return float(x) if math.isfinite(x) else None
 
 
+def ratio(log_ratio: float) -> float:
+    """exp(log_ratio), inf past a float's range (a stored log-ratio over 709.78: no real step makes one, a hand-edited
+    file may)."""
+    try:
+        return math.exp(log_ratio)
+    except OverflowError:
+        return math.inf
+
+
 def cut(adv: float | None, log_ratio: Sequence[float | None], level: str, clip_low: float,
         clip_high: float) -> list[int]:  # fmt: skip
     """PPO-clip's cut flags of one response: 1 where A > 0 and r > 1 + clip_high, or A < 0 and r < 1 - clip_low, with
@@ -176,10 +185,10 @@ def cut(adv: float | None, log_ratio: Sequence[float | None], level: str, clip_l
     no log-ratio (null) is never cut. The rule the recorder applies to the very values it stores."""
     known = [x for x in log_ratio if x is not None]
     if level == "sequence":
-        seq = math.exp(math.fsum(known) / len(known)) if known else None
+        seq = ratio(math.fsum(known) / len(known)) if known else None
         ratios = [seq] * len(log_ratio)
     else:
-        ratios = [None if x is None else math.exp(x) for x in log_ratio]
+        ratios = [None if x is None else ratio(x) for x in log_ratio]
     a = adv or 0.0
     return [int(r is not None and ((a > 0 and r > 1 + clip_high) or (a < 0 and r < 1 - clip_low))) for r in ratios]
 
@@ -406,16 +415,7 @@ class Records:
     def _read(self, n: int, raw: bytes, last: bool) -> dict | None:
         """Line `n`'s row, checked against the schema; None for a torn last line (`last`: no newline after it)."""
         where = f"{self.path} line {n}"
-        try:
-            row = json.loads(raw.decode("utf-8"))
-        except UnicodeDecodeError as e:
-            problem = f"not UTF-8 (byte {raw[e.start]:#04x} at column {e.start + 1})"
-        except json.JSONDecodeError as e:
-            problem = f"not valid JSON ({e.msg} at column {e.colno}): {raw[:80].decode('utf-8', 'replace')!r}"
-        except ValueError as e:  # int's limit (4,300 digits)
-            problem = f"not readable ({e})"
-        else:
-            problem = None if type(row) is dict else f"expected a JSON object, got {type(row).__name__}"
+        row, problem = json_object(raw)
         if problem is not None:
             if last:
                 return None  # a torn tail: skipped, as resume drops it
