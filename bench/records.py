@@ -52,7 +52,7 @@ from troll.cli import Parser, run_command  # noqa: E402
 from troll.config import Config  # noqa: E402
 from troll.policy import build_model  # noqa: E402
 from troll.records import Recorder, row_bytes_bound  # noqa: E402
-from troll.start import make_generator, make_optimizer  # noqa: E402
+from troll.start import check_step, make_generator, make_optimizer  # noqa: E402
 from troll.task import load_task  # noqa: E402
 from troll.warmstart import warm_start_task  # noqa: E402
 
@@ -79,6 +79,7 @@ def main() -> None:
                  "or more")  # fmt: skip
     torch.manual_seed(cfg.seed)
     model, tokenizer = build_model(cfg, torch.device("cpu"))
+    check_step(cfg, model)  # what the counts imply for this model, in one line before any step (troll.start)
     task, _ = load_task(cfg, tokenizer)
     if cfg.sft_steps:
         warm_start_task(cfg, model, tokenizer, task)
