@@ -18,8 +18,8 @@ from troll.task import encode, load_task
 from troll.train import train
 
 pytestmark = pytest.mark.slow
-SHORT = dict(steps=2, sft_steps=1, sft_probe=4, prompts_per_step=2, samples_per_prompt=4, max_new_tokens=12,
-             eval_every=2, eval_size=4, save_every=2, device="cpu")  # fmt: skip
+SHORT = dict(steps=2, sft_steps=1, sft_probe=4, prompts_per_step=2, samples_per_prompt=4, minibatches=2,
+             max_new_tokens=12, eval_every=2, eval_size=4, save_every=2, device="cpu")  # fmt: skip
 
 
 def rows(out) -> list[dict]:
