@@ -410,6 +410,24 @@ def main() -> None:
     report(a, sides, runs)
 
 
+def check_sides(sides: list[str], base: dict, positions: int, rows: int) -> None:
+    """What the counts imply for the model (its positions and output rows), for each troll side's config, before any
+    side runs: troll.start.check_counts, a RunError (one line) naming the counts."""
+    from troll.config import Config
+    from troll.harness import RunError
+    from troll.start import check_counts
+
+    ours = {"--prompts_per_step": "--prompts", "--samples_per_prompt": "--n", "--max_new_tokens": "--max_new"}
+    for side in (s for s in sides if not s.startswith("trl")):
+        try:
+            check_counts(Config.from_args(troll_argv(base | {"side": side}), prog=PROG), positions, rows)
+        except RunError as e:  # named by this command's flags
+            text = str(e)
+            for theirs, mine in ours.items():
+                text = text.replace(theirs, mine)
+            raise RunError(text) from None
+
+
 def compare_tiny(a: argparse.Namespace, cfg: Any, sides: list[str], base: dict) -> dict[str, list[dict]]:
     """The tiny-cpu model, built with the preset's seed (`cfg`) and saved to base["model_dir"], then the rounds."""
     import torch
@@ -419,6 +437,7 @@ def compare_tiny(a: argparse.Namespace, cfg: Any, sides: list[str], base: dict) 
 
     torch.manual_seed(cfg.seed)
     model, tokenizer = build_model(cfg, torch.device("cpu"))
+    check_sides(sides, base, model.config.max_position_embeddings, model.get_output_embeddings().weight.shape[0])
     save_tiny(model, tokenizer, base["model_dir"])
     n_params = sum(p.numel() for p in model.parameters())
     del model
@@ -445,6 +464,7 @@ def compare_real(a: argparse.Namespace, sides: list[str], base: dict) -> dict[st
 
     model_dir = packaged.folder(a.model)
     config, tokenizer = AutoConfig.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir)
+    check_sides(sides, base, config.max_position_embeddings, config.vocab_size)
     print(
         f"model: {a.model} ({model_dir}), {config.num_hidden_layers} layers, hidden {config.hidden_size}, vocab "
         f"{len(tokenizer)}, float32, cpu; OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}, torch threads "

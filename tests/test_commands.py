@@ -335,6 +335,8 @@ def test_study_out_and_results_paths(tmp_path):
             ["--model", "smollm2-135m-instruct", "--prompts", "3", "--minibatches", "5"],
             ["divisible"],
         ),  # the real model's defaults filled in before the checks: 3 x 4 samples
+        ("trl_compare.py", ["--prompts", "100000000"], ["--prompts 100000000", "--n 8", "--max_new 5", "free"]),
+        ("trl_compare.py", ["--max_new", "100000"], ["--max_new 100000", "positions"]),  # past its positions
     ],
 )
 def test_bench_bad_arguments(script, flags, words):

@@ -103,12 +103,18 @@ def check_step(cfg: Config, model: Any) -> None:
     TOP_BYTES x (--k + 1) a token, and a step's --epochs shuffles of its samples, each cut into --minibatches
     (troll.train.minibatches_of holds them all). A RunError names the counts."""
     positions = getattr(unwrap(model).config, "max_position_embeddings", None)
+    check_counts(cfg, positions, unwrap(model).get_output_embeddings().weight.shape[0])
+
+
+def check_counts(cfg: Config, positions: int | None, rows: int) -> None:
+    """`check_step` for a model known by its number of positions (None: unbounded) and output rows alone, as a
+    command that has read the model's config but not its weights can ask it."""
     if positions is not None and cfg.max_new_tokens >= positions:
         raise RunError(
             f"--max_new_tokens {cfg.max_new_tokens} leaves no room for a prompt within the {positions} positions of "
             f"{cfg.model}: pass fewer"
         )
-    rows = unwrap(model).get_output_embeddings().weight.shape[0] if cfg.backend == "hf" else cfg.k + 1
+    rows = rows if cfg.backend == "hf" else cfg.k + 1
     size = cfg.prompts_per_step * cfg.samples_per_prompt * cfg.max_new_tokens * rows * SCORE_BYTES
     free = free_memory()
     if free is not None and size > free:
