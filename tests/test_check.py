@@ -346,3 +346,23 @@ def test_memory_check_of_a_lora_run_uses_the_lora_model():
     assert status == "passed" and [round(r["ratio"], 9) for r in data["steps"]] == [1.0, 1.0]
     windows[1]["peak"] = 1.2 * later
     assert check.memory_check(cfg, "qwen3-1.7b", windows, "cpu", 1)[0] == "FAILED"
+
+
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--prompts", "100000000"], ["--prompts 100000000", "--samples 2", "151936 output rows", "free"]),
+        (["--max_new_tokens", "100000"], ["--max_new_tokens 100000", "32768 positions"]),
+        (["--preset", "gsm8k-qwen3-8b-lora", "--samples", "10000000"], ["--samples 10000000", "free"]),
+    ],
+)
+def test_counts_past_what_the_machine_holds_are_one_line_before_anything_is_written(tmp_path, flags, words):
+    """The check's counts against the preset's model (its stand-in's shape, troll.standin), before its folder is
+    made: one line in the check's own flags, exit 2, no folder (they used to end in a FAILED report inside it)."""
+    from troll.harness import RunError
+
+    out = tmp_path / "check"
+    with pytest.raises(RunError) as e:
+        check.main([*flags, "--out", str(out)], isolate=False)
+    assert all(w in str(e.value) for w in words), str(e.value)
+    assert "\n" not in str(e.value) and not out.exists()

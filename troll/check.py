@@ -246,6 +246,31 @@ def run_config(args: argparse.Namespace, model: str, data: str, device: str, bac
     )
 
 
+def check_counts_first(args: argparse.Namespace) -> None:
+    """What --prompts, --samples and --max_new_tokens imply for the model the check will run, checked before anything
+    is written (troll.start.check_counts), where its shape is known from its name: the preset's model or its
+    stand-in (troll.standin's shapes); a --model folder or --shape tiny is checked when the run loads it."""
+    from troll.harness import RunError
+    from troll.standin import ARCHS, model_config
+    from troll.start import check_counts
+
+    arch = memory.HUB_NAMES.get(PRESETS[args.preset]["model"]) if args.model in ("auto", "standin") else None
+    if args.shape == "tiny" or arch not in ARCHS:
+        return
+    device = "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
+    backend = ("vllm" if importlib.util.find_spec("vllm") else "hf") if args.backend == "auto" else args.backend
+    config = model_config(arch)
+    cfg = run_config(args, PRESETS[args.preset]["model"], Config.data, device, backend)  # the data: not read here
+    try:
+        check_counts(cfg, config.max_position_embeddings, config.vocab_size)
+    except RunError as e:  # named by this command's flags
+        names = {"--prompts_per_step": "--prompts", "--samples_per_prompt": "--samples"}
+        text = str(e)
+        for theirs, mine in names.items():
+            text = text.replace(theirs, mine)
+        raise RunError(text) from None
+
+
 def prepare(args: argparse.Namespace, out: Path) -> tuple[Config, str | None, str, str]:
     """(the run's config, its architecture name, how the model and the data were chosen); the config and
     --repeats go to <out>/check.json, which troll.watch.measure reads."""
@@ -463,6 +488,7 @@ def main(argv: list[str] | None = None, args: argparse.Namespace | None = None, 
     """Run the check (module docstring); returns the exit status. `isolate`: the watched run in a child process
     (`run_watched`); False runs it in this process (tests)."""
     args = args or parse(argv)
+    check_counts_first(args)  # before its folder is made
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
