@@ -336,6 +336,8 @@ def test_study_out_and_results_paths(tmp_path):
             ["divisible"],
         ),  # the real model's defaults filled in before the checks: 3 x 4 samples
         ("trl_compare.py", ["--prompts", "100000000"], ["--prompts 100000000", "--n 8", "--max_new 5", "free"]),
+        ("step.py", ["--prompts_per_step", "100000000", "--sft_steps", "0"], ["--prompts_per_step 100000000", "free"]),
+        ("records.py", ["--max_new_tokens", "100000", "--sft_steps", "0"], ["--max_new_tokens 100000", "positions"]),
         ("trl_compare.py", ["--max_new", "100000"], ["--max_new 100000", "positions"]),  # past its positions
     ],
 )
