@@ -161,6 +161,8 @@ COMMANDS = {
             base=("--repeats", "1", "--warmup", "0", "--sft_steps", "0"),
             stop=("model, tokenizer = build_model(cfg, torch.device(\"cpu\"))",
                   "size = synthetic_run(run, cfg, a.read_mib, a.read_steps)"),  # fmt: skip
+            count_stop=("task, _ = load_task(cfg, tokenizer)",  # the counts checked against the model
+                        "size = synthetic_run(run, cfg, a.read_mib, a.read_steps)"),  # fmt: skip
             bounded=RUN_LENGTHS,
             also="troll.train",
         ),
@@ -171,10 +173,13 @@ COMMANDS = {
             "bench.step",
             base=("--repeats", "1", "--warmup", "0", "--sft_steps", "0"),
             stop=("model, tokenizer = build_model(cfg, device)",),
+            count_stop=("vocab = len(tokenizer)",),  # the model built and the step's counts checked against it
             bounded=RUN_LENGTHS,
             also="troll.train",
         ),
-        Command("bench.trl_compare", stop=('cfg = Config.from_args(["--preset", "tiny-cpu", "--seed"',)),
+        Command("bench.trl_compare", stop=('cfg = Config.from_args(["--preset", "tiny-cpu", "--seed"',),
+                count_stop=('save_tiny(model, tokenizer, base["model_dir"])',  # the counts checked against the model
+                            'for side in [s for s in sides if s.startswith("trl")]:')),  # fmt: skip
     )
 }
 

@@ -55,7 +55,7 @@ import sys
 import time
 from pathlib import Path
 
-from troll.cli import Parser
+from troll.cli import Parser, UsageError
 from troll.config import PRESETS, int_at_least
 
 if __name__ == "__main__":  # flags are checked before torch is imported
@@ -226,41 +226,45 @@ def run_config(args: argparse.Namespace, model: str, data: str, device: str, bac
     prompts, samples = pick("prompts", "prompts_per_step"), pick("samples", "samples_per_prompt")
     samples = samples or Config.samples_per_prompt
     base = Config(**preset)
-    return dataclasses.replace(
-        base,
-        model=model,
-        data=data,
-        device=device,
-        backend=backend,
-        bf16=base.bf16 and on_gpu if args.bf16 == "auto" else args.bf16 == "true",
-        steps=args.steps,
-        prompts_per_step=prompts,
-        samples_per_prompt=samples,
-        minibatches=min(base.minibatches, prompts * samples),
-        max_new_tokens=pick("max_new_tokens", "max_new_tokens"),
-        eval_size=args.eval_size or (base.eval_size if on_gpu else CPU_BATCH["eval_size"]),
-        eval_every=args.steps,
-        save_every=args.steps,
-        seed=args.seed,
-        out=str(Path(args.out) / "run"),
-    )
+    try:
+        return dataclasses.replace(
+            base,
+            model=model,
+            data=data,
+            device=device,
+            backend=backend,
+            bf16=base.bf16 and on_gpu if args.bf16 == "auto" else args.bf16 == "true",
+            steps=args.steps,
+            prompts_per_step=prompts,
+            samples_per_prompt=samples,
+            minibatches=min(base.minibatches, prompts * samples),
+            max_new_tokens=pick("max_new_tokens", "max_new_tokens"),
+            eval_size=args.eval_size or (base.eval_size if on_gpu else CPU_BATCH["eval_size"]),
+            eval_every=args.steps,
+            save_every=args.steps,
+            seed=args.seed,
+            out=str(Path(args.out) / "run"),
+        )
+    except ValueError as e:  # a count past a 64-bit integer, say: troll.config names it
+        raise UsageError(f"{e}: pass a smaller value") from None
 
 
 def check_counts_first(args: argparse.Namespace) -> None:
-    """What --prompts, --samples and --max_new_tokens imply for the model the check will run, checked before anything
-    is written (troll.start.check_counts), where its shape is known from its name: the preset's model or its
-    stand-in (troll.standin's shapes); a --model folder or --shape tiny is checked when the run loads it."""
+    """The run's settings (troll.config's checks), and what --prompts, --samples and --max_new_tokens imply for the
+    model the check will run, checked before anything is written (troll.start.check_counts), where its shape is known
+    from its name: the preset's model or its stand-in (troll.standin's shapes); a --model folder or --shape tiny is
+    checked when the run loads it."""
     from troll.harness import RunError
     from troll.standin import ARCHS, model_config
     from troll.start import check_counts
 
+    device = "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
+    backend = ("vllm" if importlib.util.find_spec("vllm") else "hf") if args.backend == "auto" else args.backend
+    cfg = run_config(args, PRESETS[args.preset]["model"], Config.data, device, backend)  # its values; data not read
     arch = memory.HUB_NAMES.get(PRESETS[args.preset]["model"]) if args.model in ("auto", "standin") else None
     if args.shape == "tiny" or arch not in ARCHS:
         return
-    device = "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
-    backend = ("vllm" if importlib.util.find_spec("vllm") else "hf") if args.backend == "auto" else args.backend
     config = model_config(arch)
-    cfg = run_config(args, PRESETS[args.preset]["model"], Config.data, device, backend)  # the data: not read here
     try:
         check_counts(cfg, config.max_position_embeddings, config.vocab_size)
     except RunError as e:  # named by this command's flags
