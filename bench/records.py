@@ -52,7 +52,7 @@ from troll.cli import Parser, run_command  # noqa: E402
 from troll.config import Config  # noqa: E402
 from troll.policy import build_model  # noqa: E402
 from troll.records import Recorder, row_bytes_bound  # noqa: E402
-from troll.start import check_step, make_generator, make_optimizer  # noqa: E402
+from troll.start import check_size, check_step, make_generator, make_optimizer  # noqa: E402
 from troll.task import load_task  # noqa: E402
 from troll.warmstart import warm_start_task  # noqa: E402
 
@@ -78,6 +78,7 @@ def main() -> None:
         ap.error(f"--records_samples {cfg.records_samples} records nothing, so there is no cost to measure: pass 1 "
                  "or more")  # fmt: skip
     torch.manual_seed(cfg.seed)
+    check_size(cfg)  # what --vocab_size implies, before the model is built (troll.start)
     model, tokenizer = build_model(cfg, torch.device("cpu"))
     check_step(cfg, model)  # what the counts imply for this model, in one line before any step (troll.start)
     task, _ = load_task(cfg, tokenizer)

@@ -81,7 +81,7 @@ from troll.cli import Parser, UsageError, run_command
 from troll.config import Config  # noqa: E402
 from troll.losses import LOSSES  # noqa: E402
 from troll.policy import build_model  # noqa: E402
-from troll.start import check_step, make_generator, make_optimizer  # noqa: E402
+from troll.start import check_size, check_step, make_generator, make_optimizer  # noqa: E402
 from troll.task import load_task  # noqa: E402
 from troll.warmstart import warm_start_task  # noqa: E402
 from troll.watch import textbook_clip  # noqa: E402
@@ -197,6 +197,7 @@ def main() -> None:
 
     t0 = time.perf_counter()
     torch.manual_seed(cfg.seed)
+    check_size(cfg)  # what --vocab_size implies, before the model is built (troll.start)
     model, tokenizer = build_model(cfg, device)
     check_step(cfg, model)  # what the counts imply for this model, in one line before any step (troll.start)
     vocab = len(tokenizer)

@@ -401,7 +401,7 @@ def main() -> None:
 
     # the tiny model's config (its seed), made with either model: the checks are done and the work starts here (the
     # line where tests/test_fuzz.py stops an accepted command)
-    cfg = Config.from_args(["--preset", "tiny-cpu", "--seed", str(a.seed)])
+    cfg = Config.from_args(["--preset", "tiny-cpu", "--seed", str(a.seed)], prog=PROG)
     if tiny:
         with tempfile.TemporaryDirectory() as model_dir:
             runs = compare_tiny(a, cfg, sides, base | {"model_dir": model_dir})

@@ -338,6 +338,9 @@ def test_study_out_and_results_paths(tmp_path):
         ("trl_compare.py", ["--prompts", "100000000"], ["--prompts 100000000", "--n 8", "--max_new 5", "free"]),
         ("step.py", ["--prompts_per_step", "100000000", "--sft_steps", "0"], ["--prompts_per_step 100000000", "free"]),
         ("records.py", ["--max_new_tokens", "100000", "--sft_steps", "0"], ["--max_new_tokens 100000", "positions"]),
+        ("records.py", ["--vocab_size", "1000000000000", "--sft_steps", "0"], ["--vocab_size 1000000000000", "free"]),
+        ("step.py", ["--vocab_size", "1000000000000", "--sft_steps", "0"], ["--vocab_size 1000000000000", "free"]),
+        ("trl_compare.py", ["--seed", "1" + "0" * 30], ["seed must be below 2**63"]),  # in this command's name
         ("trl_compare.py", ["--max_new", "100000"], ["--max_new 100000", "positions"]),  # past its positions
     ],
 )
