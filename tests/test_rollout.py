@@ -277,3 +277,11 @@ def test_a_shared_prompt_samples_what_each_sample_s_own_prompt_samples(tiny, mod
     assert torch.equal(shared.finished, plain.finished) and plain.finished.any() and (~plain.finished).any()
     torch.testing.assert_close(shared.logprobs, plain.logprobs, rtol=0, atol=1e-5)
     torch.testing.assert_close(shared.top_logp, plain.top_logp, rtol=0, atol=1e-5)
+
+
+def test_a_shared_prompt_of_one_token_still_gives_n_samples(tiny, model):
+    """A prompt with no token before its last has nothing to prefill: transformers repeats it, and each prompt
+    still gets its n samples (the shared path once returned one)."""
+    tok = tiny[1]
+    ro = HFGenerator(model, tok, max_model_len=128, share_prompt=True).generate([[5], tiny[2][0]], 3, 4, seed=0)
+    assert len(ro) == 6 and ro.group.tolist() == [0, 0, 0, 1, 1, 1]

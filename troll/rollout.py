@@ -268,12 +268,12 @@ class HFGenerator:
         self, prompts: list[list[int]], config: GenerationConfig, seed: int | None, n: int = 1
     ) -> tuple[Any, int]:
         """`model.generate` on left-padded prompts, in eval mode, without the model's own generation config; n
-        samples of each (`config.num_return_sequences` stays 1). With `share_prompt` each prompt but its last token
-        is forwarded once and its cache repeated for its n samples (`_prefill`); else transformers repeats it."""
+        samples of each. With `share_prompt` each prompt but its last token is forwarded once and its cache repeated for
+        its n samples (`_prefill`, where every prompt has a token before its last); else transformers repeats it
+        (`num_return_sequences`)."""
         device = next(self.model.parameters()).device
         ids, attn = (x.to(device) for x in left_pad(prompts, self.pad_id))
         config.eos_token_id, config.pad_token_id = self.eos_token_ids, self.pad_id
-        config.num_return_sequences = 1 if self.share_prompt else n
         saved, was_training = self.model.generation_config, self.model.training
         self.model.generation_config = GenerationConfig()
         self.model.eval()
@@ -281,6 +281,7 @@ class HFGenerator:
             cache = None
             if self.share_prompt and n > 1 and min(len(p) for p in prompts) > 1:
                 ids, attn, cache = self._prefill(ids, attn, n)
+            config.num_return_sequences = 1 if cache is not None else n  # a shared prompt's rows are repeated already
             with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
                 if seed is not None:
                     torch.manual_seed(seed)
