@@ -2,6 +2,7 @@
 rows past the tokenizer masked out.
 
     ids, attn = left_pad(prompt_ids, pad_id)        # [B, P] long, [B, P] bool; P = the longest prompt
+    positions = position_ids(attn)                  # [B, P] long, counted from each row's first real token
     logits = mask_padded_vocab(logits, vocab_size)  # ids >= vocab_size -> -inf
     check_vocab(len(tokenizer), model_vocab)        # a tokenizer larger than the output layer: ValueError
 
@@ -42,3 +43,10 @@ def check_vocab(tokenizer_size: int, model_vocab: int) -> None:
             f"tokenizer has {tokenizer_size} tokens but the model's output layer only {model_vocab}: "
             "ids past the output layer could never be scored"
         )
+
+
+def position_ids(attn: Tensor) -> Tensor:
+    """Position ids of left-padded rows, [B, L] mask -> [B, L] long: counted from each row's first real token, as
+    `generate` and vLLM (which never sees padding) number them; padding sits at 0."""
+    return (attn.long().cumsum(-1) - 1).clamp(min=0)
+

@@ -58,7 +58,7 @@ from troll import lora, packaged
 from troll.checkpoint import TOKENIZER, WEIGHTS, damage_remedy, damaged_file
 from troll.cli import UsageError
 from troll.head import LMHead, Logits
-from troll.padding import left_pad, mask_padded_vocab
+from troll.padding import left_pad, mask_padded_vocab, position_ids
 
 if TYPE_CHECKING:
     from troll.config import Config
@@ -247,7 +247,7 @@ def shared_prompt_logits(
     # the decoder's hidden states for the chunked head, else the model's own logits (its head, soft-capping included)
     forward = model.get_decoder() if chunk_rows else model
     pick = (lambda o: o.last_hidden_state) if chunk_rows else (lambda o: o.logits)
-    positions = (attn.long().cumsum(-1) - 1).clamp(min=0)
+    positions = position_ids(attn)
     first = forward(input_ids=ids, attention_mask=attn.long(), position_ids=positions, use_cache=True,
                     **({} if chunk_rows else {"logits_to_keep": 1}))  # fmt: skip
     x = pick(first)[index, -1:]  # [B, 1, .]: the prompt's last position predicts completion token 0
@@ -304,8 +304,7 @@ def packed_logits(
     the same as an `LMHead` over the hidden states [B, T, H] (module docstring)."""
     device = next(model.parameters()).device
     ids, attn = ids.to(device), attn.to(device).long()
-    position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
-    inputs = dict(input_ids=ids, attention_mask=attn, position_ids=position_ids)
+    inputs = dict(input_ids=ids, attention_mask=attn, position_ids=position_ids(attn))
     if chunk_rows:
         out_layer = _plain_output_layer(model)
         hidden = model.get_decoder()(**inputs).last_hidden_state[:, -(T + 1) : -1]

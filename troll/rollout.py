@@ -60,7 +60,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
-from troll.padding import check_vocab, left_pad, mask_padded_vocab
+from troll.padding import check_vocab, left_pad, mask_padded_vocab, position_ids
 
 
 @dataclass
@@ -301,7 +301,7 @@ class HFGenerator:
         """Prompts [U, P] forwarded once up to their last column, the KV cache repeated n times per prompt (sample
         b = i * n + j, as transformers orders num_return_sequences): (ids, attn [U * n, P], the cache). `generate`
         then computes only the last column of each row before sampling."""
-        positions = (attn.long().cumsum(-1) - 1).clamp(min=0)  # as generate numbers them
+        positions = position_ids(attn)  # as generate numbers them
         head = self.model(
             input_ids=ids[:, :-1], attention_mask=attn[:, :-1].long(), position_ids=positions[:, :-1], use_cache=True,
             logits_to_keep=1,
