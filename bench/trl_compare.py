@@ -414,18 +414,11 @@ def check_sides(sides: list[str], base: dict, positions: int, rows: int) -> None
     """What the counts imply for the model (its positions and output rows), for each troll side's config, before any
     side runs: troll.start.check_counts, a RunError (one line) naming the counts."""
     from troll.config import Config
-    from troll.harness import RunError
     from troll.start import check_counts
 
     ours = {"--prompts_per_step": "--prompts", "--samples_per_prompt": "--n", "--max_new_tokens": "--max_new"}
     for side in (s for s in sides if not s.startswith("trl")):
-        try:
-            check_counts(Config.from_args(troll_argv(base | {"side": side}), prog=PROG), positions, rows)
-        except RunError as e:  # named by this command's flags
-            text = str(e)
-            for theirs, mine in ours.items():
-                text = text.replace(theirs, mine)
-            raise RunError(text) from None
+        check_counts(Config.from_args(troll_argv(base | {"side": side}), prog=PROG), positions, rows, ours)
 
 
 def compare_tiny(a: argparse.Namespace, cfg: Any, sides: list[str], base: dict) -> dict[str, list[dict]]:

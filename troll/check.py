@@ -254,33 +254,31 @@ def check_counts_first(args: argparse.Namespace) -> None:
     model the check will run, checked before anything is written (troll.start.check_counts), where its shape is known
     from its name: the preset's model or its stand-in (troll.standin's shapes); a --model folder or --shape tiny is
     checked when the run loads it."""
-    from troll.harness import RunError
     from troll.standin import ARCHS, model_config
     from troll.start import check_counts
 
-    device = "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
-    backend = ("vllm" if importlib.util.find_spec("vllm") else "hf") if args.backend == "auto" else args.backend
-    cfg = run_config(args, PRESETS[args.preset]["model"], Config.data, device, backend)  # its values; data not read
+    cfg = run_config(args, PRESETS[args.preset]["model"], Config.data, *where(args))  # its values; data not read
     arch = memory.HUB_NAMES.get(PRESETS[args.preset]["model"]) if args.model in ("auto", "standin") else None
     if args.shape == "tiny" or arch not in ARCHS:
         return
     config = model_config(arch)
-    try:
-        check_counts(cfg, config.max_position_embeddings, config.vocab_size)
-    except RunError as e:  # named by this command's flags
-        names = {"--prompts_per_step": "--prompts", "--samples_per_prompt": "--samples"}
-        text = str(e)
-        for theirs, mine in names.items():
-            text = text.replace(theirs, mine)
-        raise RunError(text) from None
+    flags = {"--prompts_per_step": "--prompts", "--samples_per_prompt": "--samples"}  # this command's names
+    check_counts(cfg, config.max_position_embeddings, config.vocab_size, flags)
+
+
+def where(args: argparse.Namespace) -> tuple[str, str]:
+    """(device, rollout backend) of the check's run: --device (auto: cuda where there is one) and --backend (auto:
+    vllm where it is installed)."""
+    device = "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
+    has_vllm = importlib.util.find_spec("vllm") is not None
+    backend = ("vllm" if has_vllm else "hf") if args.backend == "auto" else args.backend
+    return device, backend
 
 
 def prepare(args: argparse.Namespace, out: Path) -> tuple[Config, str | None, str, str]:
     """(the run's config, its architecture name, how the model and the data were chosen); the config and
     --repeats go to <out>/check.json, which troll.watch.measure reads."""
-    device = "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
-    has_vllm = importlib.util.find_spec("vllm") is not None
-    backend = ("vllm" if has_vllm else "hf") if args.backend == "auto" else args.backend
+    device, backend = where(args)
     preset = PRESETS[args.preset]
     data, data_note = pick_data(args, preset)
     model, model_note, arch = pick_model(args, preset, data, out)

@@ -106,9 +106,20 @@ def check_step(cfg: Config, model: Any) -> None:
     check_counts(cfg, positions, unwrap(model).get_output_embeddings().weight.shape[0])
 
 
-def check_counts(cfg: Config, positions: int | None, rows: int) -> None:
+def check_counts(cfg: Config, positions: int | None, rows: int, flags: dict[str, str] | None = None) -> None:
     """`check_step` for a model known by its number of positions (None: unbounded) and output rows alone, as a
-    command that has read the model's config but not its weights can ask it."""
+    command that has read the model's config but not its weights can ask it; `flags` names the counts by that
+    command's own flags ({"--prompts_per_step": "--prompts"}, say)."""
+    try:
+        _check_counts(cfg, positions, rows)
+    except RunError as e:
+        text = str(e)
+        for theirs, mine in (flags or {}).items():
+            text = text.replace(theirs, mine)
+        raise RunError(text) from None
+
+
+def _check_counts(cfg: Config, positions: int | None, rows: int) -> None:
     if positions is not None and cfg.max_new_tokens >= positions:
         raise RunError(
             f"--max_new_tokens {cfg.max_new_tokens} leaves no room for a prompt within the {positions} positions of "
