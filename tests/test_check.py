@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -351,7 +352,10 @@ def test_memory_check_of_a_lora_run_uses_the_lora_model():
 @pytest.mark.parametrize(
     "flags, words",
     [
-        (["--prompts", "100000000"], ["--prompts 100000000", "--samples 2", "151936 output rows", "free"]),
+        (
+            ["--backend", "hf", "--prompts", "100000000"],
+            ["--prompts 100000000", "--samples 2", "151936 output rows", "free"],
+        ),
         (["--max_new_tokens", "100000"], ["--max_new_tokens 100000", "32768 positions"]),
         (["--preset", "gsm8k-qwen3-8b-lora", "--samples", "10000000"], ["--samples 10000000", "free"]),
     ],
@@ -366,3 +370,23 @@ def test_counts_past_what_the_machine_holds_are_one_line_before_anything_is_writ
         check.main([*flags, "--out", str(out)], isolate=False)
     assert all(w in str(e.value) for w in words), str(e.value)
     assert "\n" not in str(e.value) and not out.exists()
+
+
+@pytest.mark.parametrize("backend, per", [("hf", "the 151936 output rows of m (hf sampler)"), ("vllm", "--k 64 + 1")])
+def test_the_count_check_names_what_its_sampler_keeps_a_token(monkeypatch, backend, per):
+    """The hf sampler keeps a score per output row for each token, vLLM its --k + 1 log-probs: the line names the
+    one the run's backend keeps, and its size is that count's bytes (troll.start.SCORE_BYTES each)."""
+    from troll import start
+    from troll.harness import RunError
+
+    cfg = Config(model="m", backend=backend, prompts_per_step=1000, samples_per_prompt=8, max_new_tokens=256, k=64)
+    rows = 151936 if backend == "hf" else 65
+    size = 1000 * 8 * 256 * rows * start.SCORE_BYTES
+    monkeypatch.setattr(start, "free_memory", lambda: size - 1)
+    with pytest.raises(RunError, match=f"each scored over {re.escape(per)}, keep {re.escape(start.gib(size))}"):
+        start.check_counts(cfg, None, 151936, {"--prompts_per_step": "--prompts"})
+    monkeypatch.setattr(start, "free_memory", lambda: size)  # exactly enough: the next check (the kept batches) acts
+    try:
+        start.check_counts(cfg, None, 151936)
+    except RunError as e:
+        assert "each scored over" not in str(e)
