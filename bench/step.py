@@ -46,12 +46,14 @@ ratios. Target: a TROLL step (the default model) costs at most 1.05x a clip step
 median ratios.
 
 `--compare levers` (issue 52): the preset's own loss, with `LEVERS` as the variants: today's per-sample path
-(`--share_prompt false --minibatch_by sample`), the shared prompt with minibatches of whole groups, and that with an
-empty system message (`--system ''`, other prompts, the same problems). Each variant's task is loaded with its own
+(`--share_prompt false --minibatch_by sample`), the shared prompt with minibatches of whole groups, that with an empty
+system message (`--system ''`, other prompts, the same problems), and the shared step on transformers' own sdpa
+attention (which copies each shared key/value head to its query heads; the others run troll.attention's `gqa_sdpa` where
+the model is built with it: on CPU, a model with grouped-query attention). Each variant's task is loaded with its own
 settings. Reported: the phases, each variant's paired ratio to today's step, and the step's least FLOPs
-(`bench._flops.step_flops`: each prompt once per pass, each completion token once) over its median time, as a
-fraction of this machine's float32 matmul rate at the model's shapes (`bench._flops.matmul_rate`). Target: the
-best variant at most a third of today's step.
+(`bench._flops.step_flops`: each prompt once per pass, each completion token once) over its median time, as a fraction
+of this machine's float32 matmul rate at the model's shapes (`bench._flops.matmul_rate`). Target: the best variant at
+most a third of today's step.
 
 OMP_WAIT_POLICY=PASSIVE is set (unless the environment sets it) before torch is imported: with the default
 spinning OpenMP threads a small CPU model runs up to 10x slower when another process competes for the cores.
@@ -101,6 +103,8 @@ LEVERS = {
     "today": {"share_prompt": False, "minibatch_by": "sample", "system": None},
     "shared": {"share_prompt": True, "minibatch_by": "group", "system": None},  # exact, and whole groups
     "shared+system": {"share_prompt": True, "minibatch_by": "group", "system": ""},  # an empty system message
+    # the shared step with transformers' own sdpa attention, which copies shared key/value heads (troll.attention)
+    "shared, repeat_kv": {"share_prompt": True, "minibatch_by": "group", "system": None, "attention": "sdpa"},
 }
 
 
@@ -208,7 +212,10 @@ def main() -> None:
     if cfg.sft_steps:
         warm_start_task(cfg, model, tokenizer, task)  # prints its record
     variants = VARIANTS if a.compare == "losses" else LEVERS
-    tasks = {name: load_task(dataclasses.replace(cfg, **v), tokenizer)[0] for name, v in variants.items()}
+    settings = {name: {k: x for k, x in v.items() if k != "attention"} for name, v in variants.items()}
+    built = model.config._attn_implementation  # troll.attention's on CPU where the model shares key/value heads
+    attention = {name: v.get("attention", built) for name, v in variants.items()}
+    tasks = {name: load_task(dataclasses.replace(cfg, **v), tokenizer)[0] for name, v in settings.items()}
     for t in tasks.values():  # each variant's prompts (a system message changes them), the same problems
         t.reward = REWARDS[a.reward] if a.reward != "task" else t.reward
     threads_before = torch.get_num_threads()
@@ -242,7 +249,8 @@ def main() -> None:
                 generator.push_weights(model)  # untimed: put the round's starting weights back into the engine
             clock.clear()
             u = cpu_user()
-            variant = dataclasses.replace(cfg, **variants[name])
+            variant = dataclasses.replace(cfg, **settings[name])
+            model.set_attn_implementation(attention[name])
             loss_fn, pending = clock.losses[name], []
             row = train.rl_step(variant, r, model, tokenizer, generator, opt, sched, tasks[name], pending, loss_fn)
             user = cpu_user() - u

@@ -40,7 +40,8 @@ Choices:
   model, checkpoint or `<out>/base` folder (troll.checkpoint.damaged_file, then the loader's own error), a LoRA
   run's missing base, adapters PEFT refuses.
 - `build_model` returns train mode (`from_pretrained` returns eval mode, in which gradient checkpointing does
-  nothing) in float32; bf16 is autocast by the trainer.
+  nothing) in float32; bf16 is autocast by the trainer. On CPU a model whose query heads share key/value heads
+  runs troll.attention's `gqa_sdpa`: sdpa's values without copying the shared heads.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ import torch
 from torch import Tensor
 
 from troll import lora, packaged
+from troll.attention import use_gqa_attention
 from troll.checkpoint import TOKENIZER, WEIGHTS, damage_remedy, damaged_file
 from troll.cli import UsageError
 from troll.head import LMHead, Logits
@@ -105,6 +107,7 @@ def build_model(cfg: Config, device: torch.device, path: str | Path | None = Non
         src = path or cfg.model
         tokenizer = load(AutoTokenizer.from_pretrained, adapters or src, "tokenizer")
         model = load(lambda s: AutoModelForCausalLM.from_pretrained(s, dtype=base_dtype(cfg)), src, "model")
+        use_gqa_attention(model, device)  # on CPU: shared key/value heads read in place, the same values
     if cfg.grad_checkpointing:
         model.gradient_checkpointing_enable()
     if adapters:
