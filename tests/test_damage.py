@@ -113,7 +113,17 @@ def study_results(tmp_path_factory) -> Path:
     return out
 
 
-ARTIFACTS = {"full": "full_run", "lora": "lora_run", "export": "lora_export", "study": "study_results"}
+@pytest.fixture(scope="module")
+def evaluated_run(full_run, tmp_path_factory) -> Path:
+    """The full run with an evaluation of it in <run>/evals (greedy and samples), which the same command continues."""
+    out = tmp_path_factory.mktemp("pristine") / "evaluated"
+    shutil.copytree(full_run, out)
+    made(invoke("troll.evaluate", "--model", str(out), *EVAL, *SAMPLED, "--out", str(out / "evals")))
+    return out
+
+
+ARTIFACTS = {"full": "full_run", "lora": "lora_run", "export": "lora_export", "study": "study_results",
+             "evaluation": "evaluated_run"}  # fmt: skip
 
 
 def files(root: Path) -> list[Path]:
@@ -205,6 +215,14 @@ def evaluated(root: Path, work: Path, result: Result) -> str | None:
     return None if summary["n"] == 2 and 0 <= summary["accuracy"] <= 1 else f"evaluate wrote {summary}"
 
 
+def continued(root: Path, work: Path, result: Result) -> str | None:
+    """The evaluation's files whole again: 2 problems of 2 samples each, summarised."""
+    summary = json.loads((root / "evals" / "summary.json").read_text())
+    lines = [json.loads(x) for x in (root / "evals" / "predictions.jsonl").read_text().splitlines()]
+    whole = summary["n"] == len(lines) == 2 and all(len(x["samples"]) == 2 for x in lines)
+    return None if whole and summary["pass@k"]["2"] >= summary["pass@k"]["1"] else f"evaluate wrote {summary}"
+
+
 def exported(root: Path, work: Path, result: Result) -> str | None:
     merged = work / "merged"
     whole = (merged / "config.json").is_file() and (merged / "model.safetensors").is_file()
@@ -240,6 +258,7 @@ class Command:
 
 
 EVAL = ["--task", "addition", "--limit", "2", "--max_new_tokens", "4", "--backend", "hf"]  # the task the runs learn
+SAMPLED = ["--samples", "2"]
 COMMANDS = {
     "resume": Command(
         "troll.train",
@@ -251,6 +270,12 @@ COMMANDS = {
         "troll.evaluate",
         lambda root, rel, work: ["--model", str(checkpoint_of(root, rel)), *EVAL, "--out", str(work / "eval")],
         evaluated,
+    ),
+    "continue": Command(  # the evaluation's own files, read to continue it
+        "troll.evaluate",
+        lambda root, rel, work: ["--model", str(root), *EVAL, *SAMPLED, "--out", str(root / "evals")],
+        continued,
+        lambda root, rel: rel.parts[0] == "evals",
     ),
     "export": Command(
         "troll.export", lambda root, rel, work: [str(checkpoint_of(root, rel)), "--out", str(work / "merged")], exported
@@ -281,6 +306,7 @@ READERS = {  # the commands that read each artifact's files
     "lora": ("resume", "evaluate", "export", "plot"),
     "export": ("evaluate",),
     "study": ("bandit-report", "bandit-figures"),
+    "evaluation": ("continue",),
 }
 CASES = [
     (artifact, command, damage) for artifact, commands in READERS.items() for command in commands for damage in DAMAGES

@@ -5,7 +5,6 @@ import importlib.util
 import itertools
 import json
 import math
-import random
 import re
 import shutil
 from collections import Counter
@@ -22,18 +21,14 @@ from troll.evaluate import (
     decode,
     encode,
     gsm8k_equal,
-    hf_samples_per_call,
     ks,
     load_generator,
     main,
     maj_at_k,
     pass_at_k,
-    sample,
-    sampling_calls,
     score,
     too_many,
 )
-from troll.rollout import to_rollouts
 from troll.tiny import save_tiny, tiny_llama, train_tokenizer
 
 
@@ -197,59 +192,6 @@ def test_answer_rules_follow_the_tasks_reward():
     assert maj_at_k(["980", "98", None, "98", "980", "980"], "980", 6, equal) == 1.0
 
 
-class NumberedBackend:
-    """A stand-in rollout backend: sample j of prompt p in call c is [p[0], c, j], its last id cut when j is odd (the
-    completions' lengths differ); it records each call's (prompts, n, seed)."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[int, int, int]] = []
-
-    def generate(self, prompts, n, max_new_tokens, temperature=1.0, top_k_logprobs=0, seed=None):
-        c = len(self.calls)
-        self.calls.append((len(prompts), n, seed))
-        done = [[p[0], c, j][: 3 - j % 2] for p in prompts for j in range(n)]
-        return to_rollouts(prompts, n, done, [True] * len(done), [torch.zeros(len(x)) for x in done], None, None, 1.0)
-
-
-def test_sample_lays_out_each_problems_samples_in_one_call_or_many():
-    prompts = [[10], [11, 1], [12], [13]]
-    draws = random.Random(5)
-    backend = NumberedBackend()
-    assert sample(backend, prompts, 2, 4, 1.0, seed=5) == [[[p[0], 0, 0], [p[0], 0]] for p in prompts]
-    assert backend.calls == [(4, 2, draws.randrange(2**63))]  # every prompt at once, n samples each
-    backend = NumberedBackend()
-    got = sample(backend, prompts, 2, 4, 1.0, seed=5, per_call=3)  # 8 samples: calls of 3, 3 and 2, one sample each
-    assert got == [[[p[0], (2 * i + j) // 3, 0] for j in range(2)] for i, p in enumerate(prompts)]
-    draws = random.Random(5)
-    assert backend.calls == [(size, 1, draws.randrange(2**63)) for size in (3, 3, 2)]
-
-
-class StopAfterFirstCall(Exception):
-    pass
-
-
-def test_sampling_calls_are_made_one_at_a_time_whatever_the_count():
-    """An absurd --samples costs nothing until its calls run: the first batch comes at once, and `sample` asks for
-    each batch when it makes its call (the repeated prompt list is never built: 4 x 10**12 prompts would not fit)."""
-    prompts = [[10], [11, 1], [12], [13]]
-    calls = sampling_calls(prompts, 10**12, 3)
-    assert next(calls) == ([[10], [10], [10]], 1) and next(calls) == ([[10]] * 3, 1)
-    assert list(sampling_calls(prompts, 2, 3)) == [([[10], [10], [11, 1]], 1), ([[11, 1], [12], [12]], 1),
-                                                   ([[13], [13]], 1)]  # fmt: skip
-    assert list(sampling_calls(prompts, 10**12, None)) == [(prompts, 10**12)]
-
-    class OneCall(NumberedBackend):
-        def generate(self, prompts, n, max_new_tokens, temperature, seed=None):
-            if self.calls:
-                raise StopAfterFirstCall
-            return super().generate(prompts, n, max_new_tokens, temperature, seed)
-
-    backend = OneCall()
-    with pytest.raises(StopAfterFirstCall):
-        sample(backend, prompts, 10**12, 4, 1.0, seed=5, per_call=3)
-    assert [size for size, _, _ in backend.calls] == [3]
-
-
 def test_counts_are_checked_against_the_memory_they_keep():
     """problems x (1 + samples) x max_new_tokens tokens, each KEPT_BYTES_PER_TOKEN, against the memory free: None
     when they fit or the memory is unknown, else one line naming the three counts and how to lower them."""
@@ -261,13 +203,6 @@ def test_counts_are_checked_against_the_memory_they_keep():
                  "pass a smaller --samples, --max_new_tokens or --limit"):  # fmt: skip
         assert said in line, (said, line)
     assert "keep up to more than 10^" in too_many(1, 10**400, 1, gib)  # beyond a float: no OverflowError
-
-
-def test_hf_sampling_calls_are_bounded_by_their_scores_and_a_batch():
-    """Samples per hf call: scores of about HF_SCORE_BYTES (a real vocabulary: one sample of 1,024 tokens), and at
-    most HF_SAMPLE_BATCH where the scores are small (a tiny model: a million samples are not one batch)."""
-    assert hf_samples_per_call(1024, 151_936) == 1 and hf_samples_per_call(4, 64) == 64
-    assert hf_samples_per_call(256, 4096) == 64 and hf_samples_per_call(1024, 4096) == 21
 
 
 def test_max_new_tokens_past_the_models_positions_is_one_line(tmp_path, tiny_dir, gsm8k_dir, capsys):
@@ -350,7 +285,9 @@ def test_samples_give_pass_at_k_and_maj_at_k(tmp_path, coin_dir, coin_data, caps
     for p in preds:
         for s in p["samples"]:
             assert s["extracted"] == gsm8k.extract_answer(s["completion"])
-            assert s["reward"] == gsm8k.reward(s["completion"], p["gold"])
+            assert s["reward"] == gsm8k.reward(gsm8k.cut_number(s["completion"]) if s["cut"] else s["completion"],
+                                               p["gold"])  # fmt: skip
+    assert {s["cut"] for p in preds for s in p["samples"]} == {True, False}  # both kinds, so the rule is tested
     rewards = [[s["reward"] for s in p["samples"]] for p in preds]
     mean = sum(map(sum, rewards)) / 48
     assert 0 < mean < 1 and len({s["completion"] for p in preds for s in p["samples"]}) > 2  # figures that can fail
@@ -368,6 +305,66 @@ def test_samples_give_pass_at_k_and_maj_at_k(tmp_path, coin_dir, coin_data, caps
     again = main([*flags, "--out", str(tmp_path / "b")])  # the same seed: the same samples
     assert (tmp_path / "b" / "predictions.jsonl").read_bytes() == (tmp_path / "a" / "predictions.jsonl").read_bytes()
     assert again["pass@k"] == summary["pass@k"]
+
+
+class Stopped(Exception):
+    pass
+
+
+def test_a_stopped_evaluation_continues_to_the_lines_an_unstopped_one_writes(tmp_path, coin_dir, coin_data, capsys,
+                                                                              monkeypatch):  # fmt: skip
+    """Blocks of 2 problems, calls of 3 samples (one problem a call with --samples 2): stopped after each number of
+    problems, the same command keeps what was written and writes the rest, byte for byte the unstopped evaluation's
+    predictions and figures; progress is a line on stderr; other settings start over."""
+    from troll import evaluate, predictions
+
+    monkeypatch.setattr(evaluate, "HF_BLOCK", 2)
+    monkeypatch.setattr(evaluate, "HF_CALL", 3)
+    monkeypatch.setattr(evaluate, "PROGRESS_EVERY_S", 0.0)  # a line after each problem
+    flags = ["--model", str(coin_dir), "--data", str(coin_data), "--max_new_tokens", "4", "--backend", "hf"]
+    flags += ["--samples", "2", "--seed", "3"]
+    whole = main([*flags, "--out", str(tmp_path / "whole")])
+    lines = (tmp_path / "whole" / "predictions.jsonl").read_bytes()
+    err = capsys.readouterr().err
+    said = [x.split(",")[0] for x in err.splitlines() if x.startswith("evaluate: ")]
+    assert said == [f"evaluate: {i}/6 problems" for i in range(1, 7)]
+    real = predictions.completions
+    for stop in range(6):
+
+        def stopping(*args, stop=stop, **kwargs):
+            done = kwargs.get("start", 0)
+            for finished in real(*args, **kwargs):
+                if done + len(finished) > stop:
+                    yield finished[: stop - done]  # a call's first problems written, then the command stopped
+                    raise Stopped
+                done += len(finished)
+                yield finished
+
+        out = tmp_path / f"stopped-{stop}"
+        monkeypatch.setattr(predictions, "completions", stopping)
+        with pytest.raises(Stopped):
+            main([*flags, "--out", str(out)])
+        assert (
+            len((out / "predictions.jsonl").read_bytes().splitlines()) == stop and not (out / "summary.json").exists()
+        )
+        monkeypatch.setattr(predictions, "completions", real)
+        again = main([*flags, "--out", str(out)])
+        assert (out / "predictions.jsonl").read_bytes() == lines, stop
+        assert {k: v for k, v in again.items() if k != "seconds"} == {k: v for k, v in whole.items() if k != "seconds"}
+        assert (f"{stop} of 6 problems done" in capsys.readouterr().err) == (stop > 0)
+    torn = tmp_path / "stopped-5" / "predictions.jsonl"
+    torn.write_bytes(lines[: len(lines) // 2])  # stopped while a line was written: the torn line is done again
+    main([*flags, "--out", str(torn.parent)])
+    kept = lines[: len(lines) // 2].count(b"\n")
+    assert torn.read_bytes() == lines and f"{kept} of 6 problems done" in capsys.readouterr().err
+    main([*flags[:-2], "--seed", "4", "--out", str(torn.parent)])  # other settings: evaluated from the start
+    assert "problems done" not in capsys.readouterr().err and torn.read_bytes() != lines
+    main([*flags, "--out", str(torn.parent)])
+    torn.write_bytes(re.sub(rb'"reward": [0-9.]+', b'"reward": 7', torn.read_bytes(), count=1))  # damaged
+    main([*flags, "--out", str(torn.parent)])
+    err = capsys.readouterr().err
+    assert "predictions.jsonl line 1: reward is 7, expected a number in [0, 1]: the evaluation starts again" in err
+    assert torn.read_bytes() == lines and "problems done" not in err
 
 
 # ------------------------------------------------------------------------------------------ the task it scores

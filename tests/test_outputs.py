@@ -175,7 +175,7 @@ CASES = {
         "python -m troll.evaluate",
         evaluate,
         lambda w: ["--model", str(tiny_model()), *EVALUATE, "--out", str(w / "out")],
-        (".troll-evaluate", "predictions.jsonl", "summary.json"),
+        (".troll-evaluate", "evaluation.json", "predictions.jsonl", "summary.json"),
     ),
     "troll.inspect": Case(
         INSPECT,

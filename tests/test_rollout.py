@@ -279,6 +279,19 @@ def test_a_shared_prompt_samples_what_each_sample_s_own_prompt_samples(tiny, mod
     torch.testing.assert_close(shared.top_logp, plain.top_logp, rtol=0, atol=1e-5)
 
 
+def test_sample_draws_the_tokens_generate_draws_without_their_scores(backend, tiny):
+    """`sample` (evaluation's sampler: no scores kept) gives each backend's `generate` completions from the same
+    seed, in the same layout (sample b = i * n + j), a final EOS included."""
+    gen, _ = backend
+    prompts = tiny[2]
+    ro = gen.generate(prompts, 3, MAX_NEW, 0.9, seed=7)
+    lengths = ro.completion_mask.sum(-1).tolist()
+    want = [ids[:m] for ids, m in zip(ro.completion_ids.tolist(), lengths, strict=True)]
+    got = gen.sample(prompts, 3, MAX_NEW, 0.9, seed=7)
+    assert got == want and len({tuple(x) for x in got}) > 1
+    assert any(x[-1] in gen.eos_token_ids for x in got) and any(len(x) == MAX_NEW for x in got)
+
+
 def test_a_shared_prompt_of_one_token_still_gives_n_samples(tiny, model):
     """A prompt with no token before its last has nothing to prefill: transformers repeats it, and each prompt
     still gets its n samples (the shared path once returned one)."""

@@ -26,17 +26,18 @@ the samplers do. Prompts are encoded, completions decoded and scored by troll.ta
 vLLM when it is installed and a GPU or `--backend vllm` asks for it, else transformers `generate`.
 
 Sampling (`--samples N`; 0, the default, is greedy only): N completions per problem through the backend's own
-`generate` at `--temperature` (default 1.0; no top-k, top-p or penalties: troll.rollout), seeded by `--seed`
-(default 0). `--temperature` or `--seed` given without `--samples` cannot act and is refused. vLLM samples every
-problem in one call (a prompt's N samples share its prefix); the hf backend keeps every step's scores (O(samples x
-tokens x vocabulary)), so it samples the problems, each repeated N times, in calls whose scores take about
-HF_SCORE_BYTES, of at most HF_SAMPLE_BATCH samples (`sample`), each call's batch made when it comes
-(`sampling_calls`). What the counts imply is checked before the model loads (`too_many`): the completions kept,
-problems x (1 + N) x --max_new_tokens tokens of KEPT_BYTES_PER_TOKEN, must fit in the memory free
-(troll.cli.free_memory), else one line names the three counts; and on the hf backend the longest prompt and
---max_new_tokens must fit in the model's positions (`past_positions`). Call c is seeded with the c-th draw of
-random.Random(--seed): the same flags give the same samples on the same backend and machine. For k = 1, 2, 4, ...
-below N, and N (`ks`):
+`sample` at `--temperature` (default 1.0; no top-k, top-p or penalties: troll.rollout), seeded by `--seed`
+(default 0); it keeps no scores, so a call's memory is its KV cache. `--temperature` or `--seed` given without
+`--samples` cannot act and is refused. The problems go in blocks (troll.predictions: on hf, HF_BLOCK problems, the
+greedy batch training evaluates in; on vLLM, VLLM_BLOCK), each block's greedy completions in one call and its
+samples in calls of whole problems, N samples each and at most HF_CALL samples a call on hf, whose prompts are
+forwarded once for their N samples (HFGenerator's share_prompt: the same tokens). Call c is seeded with the c-th
+draw of random.Random(--seed): the same flags give the same samples on the same backend and machine. What the counts
+imply is checked before the model loads (`too_many`): the completions kept, problems x (1 + N) x --max_new_tokens
+tokens of KEPT_BYTES_PER_TOKEN, must fit in the memory free (troll.cli.free_memory), else one line names the three
+counts; and on the hf backend the longest prompt and --max_new_tokens must fit in the model's positions
+(`past_positions`). A completion stopped at --max_new_tokens is scored by what it completed, as in training
+(troll.task.score: "#### 8" cut from 85 is no answer). For k = 1, 2, 4, ... below N, and N (`ks`):
 
     pass@k  the unbiased estimator of Chen et al. (2021), 1 - C(n - c, k) / C(n, k) for a problem with c of its
             n = N samples correct, in its product form (`pass_at_k`), averaged over problems; pass@1 is the mean
@@ -50,15 +51,20 @@ asked as it is), the answer gsm8k.extract_answer takes, compared by that reward'
 (`gsm8k_equal`: "42", "42.0" and "$42" are one answer); for any other task (addition, rare: an exact match), the
 completion stripped, compared by the task's reward.
 
-Output, into `--out` (default evals/<model name>), written once every check has passed and every figure is computed:
-`predictions.jsonl`, one line per problem (question, gold, the greedy completion, its extracted answer and reward,
-and with --samples, `samples`: each sample's completion, extracted answer and reward), and `summary.json` (model,
-task, accuracy: greedy pass@1, n: problems, backend, chat, seconds, samples; with --samples also temperature, seed,
-and `pass@k` and `maj@k`, each a dict keyed by k). One line per figure on stdout. Its own files only (troll.outputs):
-the marker `.troll-evaluate`, written into `--out` before them, lists the two, so an evaluation written there before
-is replaced (each file whole: a temporary file renamed over it); a file of those names that troll.evaluate did not
-write (no marker lists it), a folder or a symbolic link of those names (never written through) is refused in one
-line before the model is loaded, unchanged. Other files in `--out` are left as they are.
+Output, into `--out` (default evals/<model name>), written as it goes once every check has passed: `predictions.jsonl`,
+one line per problem appended as its block's calls return (question, gold, the greedy completion, its extracted answer
+and reward, and with --samples, `samples`: each sample's completion, extracted answer and reward); `evaluation.json`,
+the settings that decide them; and at the end `summary.json` (model, task, accuracy: greedy pass@1, n: problems,
+backend, chat, seconds, samples; with --samples also temperature, seed, and `pass@k` and `maj@k`, each a dict keyed by
+k), and one line per figure on stdout. Progress goes to stderr: a bar of problems on a terminal (samples done, time
+left), else a line every PROGRESS_EVERY_S seconds. A stopped evaluation continues: the same command (the same settings,
+model files and problems: troll.predictions.read_done) keeps the problems in predictions.jsonl and computes the rest,
+giving the lines an unstopped one gives; other settings, or files damaged (a line on stderr names the file, the line and
+the field), start over. Its own files only (troll.outputs): the marker `.troll-evaluate`, written into `--out` before
+them, lists the three, so an evaluation written there before is continued or replaced (summary.json is removed first,
+each file written whole but predictions.jsonl's appended lines); a file of those names that troll.evaluate did not write
+(no marker lists it), a folder or a symbolic link of those names (never written through) is refused in one line before
+the model is loaded, unchanged. Other files in `--out` are left as they are.
 
 `--model` (`resolve_model`): a local folder holding a model and its tokenizer (config.json, weights, tokenizer
 files); a run directory, whose `checkpoints/latest` checkpoint is evaluated (said on stderr); a LoRA run's
@@ -77,21 +83,21 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import importlib.util
 import json
 import math
 import os
-import random
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from troll import gsm8k, outputs
+from troll import gsm8k, outputs, predictions
 from troll.checkpoint import complete_checkpoints, damage_remedy, damaged_file
 from troll.cli import Parser, UsageError, free_memory, gib, run_command
-from troll.task import GSM8K_FORMAT, decode, encode, load_task, score
+from troll.task import GSM8K_FORMAT, decode, encode, load_task, score, stopped
 
 if TYPE_CHECKING:
     from troll.config import Config
@@ -101,11 +107,16 @@ if TYPE_CHECKING:
 HUB_TIMEOUT_S = 3.0  # the one hub lookup of a model name (resolve_model)
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 TOKENIZER = ("tokenizer.json", "tokenizer.model", "vocab.json")
-HF_SCORE_BYTES = 1 << 30  # the hf backend's kept scores per sampling call (`sample`)
-HF_SAMPLE_BATCH = 64  # and at most this many samples per call, as HFGenerator's greedy batch: activations grow too
-SCORE_BYTES_PER_LOGIT = 12  # generate's float32 scores, their stacked copy and its log_softmax (troll.rollout)
+HF_BLOCK = 64  # problems a block on the hf backend: HFGenerator's greedy batch, as training evaluates (predictions)
+HF_CALL = 64  # samples a `sample` call on the hf backend, whose memory is its KV cache and one step's scores
+VLLM_BLOCK = 256  # problems a block (and a call) on vLLM, which batches them itself
+PROGRESS_EVERY_S = 30.0  # off a terminal, a progress line at most this often (and one at the end)
 KEPT_BYTES_PER_TOKEN = 48  # a kept completion token: its id in a Python list and its decoded text (measured: 45)
-OUTPUTS = ("predictions.jsonl", "summary.json")  # what it writes into --out, its marker listing them (troll.outputs)
+OUTPUTS = (
+    "predictions.jsonl",
+    "summary.json",
+    "evaluation.json",
+)  # what it writes into --out, its marker listing them (troll.outputs)
 
 
 def is_adapters(folder: Path) -> bool:
@@ -353,41 +364,6 @@ def answer_rule(reward: Callable[[str, str], float]) -> tuple[Callable[[str], st
     return (lambda text: text.strip() or None), (lambda answer, gold: reward(answer, gold) == 1.0)
 
 
-def sample(
-    generator: Generator,
-    prompts: list[list[int]],
-    n: int,
-    max_new_tokens: int,
-    temperature: float,
-    seed: int,
-    per_call: int | None = None,
-) -> list[list[list[int]]]:
-    """n sampled completions (token ids, a final EOS included) of each prompt, [prompt][sample], through the
-    backend's `generate`: in one call, or (`per_call`) in calls of at most that many samples over the prompts each
-    repeated n times. Call c is seeded with the c-th draw of random.Random(seed)."""
-    seeds = random.Random(seed)
-    flat: list[list[int]] = []
-    for batch, m in sampling_calls(prompts, n, per_call):
-        ro = generator.generate(batch, m, max_new_tokens, temperature, seed=seeds.randrange(2**63))
-        lengths = ro.completion_mask.sum(-1).tolist()
-        flat += [ids[:length] for ids, length in zip(ro.completion_ids.tolist(), lengths, strict=True)]
-    return [flat[i * n : (i + 1) * n] for i in range(len(prompts))]
-
-
-def sampling_calls(
-    prompts: list[list[int]], n: int, per_call: int | None
-) -> Iterator[tuple[list[list[int]], int]]:
-    """`sample`'s calls, one at a time, as (prompts, samples of each): all the prompts with n samples each, or
-    (`per_call`) the prompts each repeated n times, cut into batches of at most per_call with one sample each (sample
-    b = i * n + j, as one call's layout). A batch is made when its call comes: the repeated list is never held."""
-    if per_call is None:
-        yield prompts, n
-        return
-    total = len(prompts) * n
-    for start in range(0, total, per_call):
-        yield [prompts[b // n] for b in range(start, min(start + per_call, total))], 1
-
-
 def too_many(problems: int, samples: int, max_new_tokens: int, free: int | None) -> str | None:
     """Why an evaluation of `problems` problems, each with its greedy completion and `samples` sampled ones of up to
     `max_new_tokens` tokens, cannot keep its completions in `free` bytes (KEPT_BYTES_PER_TOKEN each token), or None
@@ -419,12 +395,6 @@ def past_positions(generator: Generator, longest_prompt: int, max_new_tokens: in
     )
 
 
-def hf_samples_per_call(max_new_tokens: int, vocab: int) -> int:
-    """Samples per hf `generate` call whose kept scores take about HF_SCORE_BYTES (at least one), at most
-    HF_SAMPLE_BATCH."""
-    return max(1, min(HF_SAMPLE_BATCH, HF_SCORE_BYTES // (SCORE_BYTES_PER_LOGIT * max_new_tokens * vocab)))
-
-
 def load_generator(backend: str, model_path: str, tokenizer: Any, max_model_len: int) -> Generator:
     """A rollout backend ("hf" or "vllm") holding the model at `model_path` (a LoRA checkpoint: merged, hf only),
     for its `greedy` and `generate` methods."""
@@ -441,6 +411,7 @@ def load_generator(backend: str, model_path: str, tokenizer: Any, max_model_len:
 
     from transformers import AutoModelForCausalLM
 
+    from troll.attention import use_gqa_attention
     from troll.policy import load
     from troll.rollout import HFGenerator
 
@@ -449,7 +420,10 @@ def load_generator(backend: str, model_path: str, tokenizer: Any, max_model_len:
         model = merged_lora(Path(model_path), device)
     else:
         model = load(AutoModelForCausalLM.from_pretrained, model_path, "model").to(device)
-    return HFGenerator(model.eval(), tokenizer, max_model_len)
+        use_gqa_attention(model)  # on CPU: shared key/value heads read in place (troll.attention)
+    return HFGenerator(
+        model.eval(), tokenizer, max_model_len, share_prompt=True
+    )  # a prompt forwarded once for its samples
 
 
 def merged_lora(ckpt: Path, device: Any) -> Any:
@@ -463,26 +437,37 @@ def merged_lora(ckpt: Path, device: Any) -> Any:
     return merge(model)
 
 
-def score_samples(
-    rows: Sequence[dict], samples: Sequence[Sequence[str]], reward: Callable[[str, str], float]
-) -> tuple[list[list[dict]], dict[str, float], dict[str, float]]:
-    """Each problem's samples as records {completion, extracted, reward}, and pass@k and maj@k over the problems
-    (module docstring), keyed by k as a string (JSON's keys)."""
-    extract, equal = answer_rule(reward)
+def prediction(
+    row: dict, greedy: list[int], samples: list[list[int]], tokenizer: Any, spec: Any, eos: Sequence[int], limit: int
+) -> dict:
+    """One problem's line of predictions.jsonl: its question, gold, greedy completion, extracted answer, reward and
+    `cut` (stopped at the token limit `limit`: scored by what it completed, as in training, troll.task.score), and
+    with samples, each one's completion, extracted answer, reward and cut."""
+    extract, _ = answer_rule(spec.reward)
+    texts, finished = decode(tokenizer, [greedy, *samples]), stopped([greedy, *samples], limit, eos)
+    _, records = score([row] * len(texts), texts, spec.reward, finished, spec.cut)
     records = [
-        [{"completion": c, "extracted": extract(c), "reward": reward(c, row["gold"])} for c in texts]
-        for row, texts in zip(rows, samples, strict=True)
+        rec | {"extracted": extract(rec["completion"]), "cut": not f} for rec, f in zip(records, finished, strict=True)
     ]
-    n = len(samples[0])
+    line = records[0]
+    if samples:
+        line["samples"] = [{k: rec[k] for k in ("completion", "extracted", "reward", "cut")} for rec in records[1:]]
+    return line
+
+
+def figures(lines: Sequence[dict], reward: Callable[[str, str], float]) -> tuple[dict[str, float], dict[str, float]]:
+    """pass@k and maj@k over the problems' samples (module docstring), keyed by k as a string (JSON's keys)."""
+    _, equal = answer_rule(reward)
+    n = len(lines[0]["samples"])
     passed, majority = {}, {}
-    same = [functools.cache(equal) for _ in rows]  # one problem's comparisons, made once for every k
+    same = [functools.cache(equal) for _ in lines]  # one problem's comparisons, made once for every k
     for k in ks(n):
-        passed[str(k)] = sum(pass_at_k(n, sum(s["reward"] == 1.0 for s in rec), k) for rec in records) / len(rows)
+        passed[str(k)] = sum(pass_at_k(n, sum(s["reward"] == 1.0 for s in x["samples"]), k) for x in lines) / len(lines)
         majority[str(k)] = sum(
-            maj_at_k([s["extracted"] for s in rec], row["gold"], k, eq)
-            for row, rec, eq in zip(rows, records, same, strict=True)
-        ) / len(rows)
-    return records, passed, majority
+            maj_at_k([s["extracted"] for s in x["samples"]], x["gold"], k, eq)
+            for x, eq in zip(lines, same, strict=True)
+        ) / len(lines)
+    return passed, majority
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -618,36 +603,104 @@ def main(argv: list[str] | None = None) -> dict:
     backend = args.backend
     if backend == "auto":  # a LoRA checkpoint is merged in memory, which the hf backend evaluates
         backend = "vllm" if torch.cuda.is_available() and importlib.util.find_spec("vllm") and not lora else "hf"
+    asked = hashlib.sha256(json.dumps([[r["question"], r["gold"]] for r in rows]).encode()).hexdigest()
+    state = {"model": Path(model_path).name, "weights": predictions.weights_stamp(model_path), "task": task,
+             "data": settings.get("data"), "chat": chat, "problems": len(rows), "questions": asked, "backend": backend,
+             "max_new_tokens": args.max_new_tokens, "samples": args.samples, "temperature": temperature,
+             "seed": seed}  # fmt: skip
+    try:
+        done = predictions.read_done(out, state, rows) or []
+    except ValueError as e:  # a SchemaError too: its own files, damaged, are written again
+        print(f"{p.prog}: {e}", file=sys.stderr)
+        done = []
+    if done:
+        print(
+            f"{p.prog}: continuing the evaluation in {out}: {len(done)} of {len(rows)} problems done", file=sys.stderr
+        )
     start = time.time()
     max_model_len = max(len(x) for x in prompts) + args.max_new_tokens
     generator = load_generator(backend, model_path, tokenizer, max_model_len)
     if problem := past_positions(generator, max_model_len - args.max_new_tokens, args.max_new_tokens):
         fail(problem)
-    acc, records = score(rows, decode(tokenizer, generator.greedy(prompts, args.max_new_tokens)), spec.reward)
-    extract, _ = answer_rule(spec.reward)
-    records = [rec | {"extracted": extract(rec["completion"])} for rec in records]
+    block, per_call = (VLLM_BLOCK, VLLM_BLOCK * max(args.samples, 1)) if backend == "vllm" else (HF_BLOCK, HF_CALL)
+    try:
+        written.claim()  # checked again, the folder made and marked, before any file
+        written.target("summary.json").path.unlink(missing_ok=True)  # it summarised the predictions replaced here
+        with outputs.writing(written.target("predictions.jsonl")) as f:  # the lines to continue from (or none)
+            f.writelines(json.dumps(line) + "\n" for line in done)
+        outputs.write(written.target("evaluation.json"), json.dumps({"settings": state}, indent=2) + "\n")
+    except UsageError as e:  # a file of those names that appeared while the model loaded
+        fail(str(e))
+    work = predictions.completions(
+        generator, prompts, args.samples, args.max_new_tokens, temperature, seed, block, per_call, start=len(done)
+    )
+    progress = Progress(len(rows), len(done), args.samples)
+    with open_append(written.target("predictions.jsonl").path) as f:
+        for finished in work:  # the problems a call finished
+            for i, greedy, drawn in finished:
+                eos = generator.eos_token_ids
+                done.append(prediction(rows[i], greedy, drawn, tokenizer, spec, eos, args.max_new_tokens))
+                f.write(json.dumps(done[-1]) + "\n")
+            f.flush()
+            progress.update(len(finished))
+    progress.close()
+    acc = sum(line["reward"] for line in done) / len(done)
     summary = {"model": args.model, "task": task, "accuracy": acc, "n": len(rows), "backend": backend, "chat": chat}
     summary["samples"] = args.samples
     lines = [f"{task} greedy pass@1: {acc:.4f} ({len(rows)} problems, {backend}) -> {out}"]  # one line per figure
     if args.samples:
-        per_call = hf_samples_per_call(args.max_new_tokens, len(tokenizer)) if backend == "hf" else None
-        ids = sample(generator, prompts, args.samples, args.max_new_tokens, temperature, seed, per_call)
-        samples, passed, majority = score_samples(rows, [decode(tokenizer, s) for s in ids], spec.reward)
-        records = [rec | {"samples": s} for rec, s in zip(records, samples, strict=True)]
+        passed, majority = figures(done, spec.reward)
         summary |= {"temperature": temperature, "seed": seed, "pass@k": passed, "maj@k": majority}
         how = f"({len(rows)} problems, {args.samples} samples each at temperature {temperature}, seed {seed})"
-        for name, figures in (("pass", passed), ("maj", majority)):
-            lines += [f"{task} {name}@{k}: {value:.4f} {how}" for k, value in figures.items()]
+        for name, values in (("pass", passed), ("maj", majority)):
+            lines += [f"{task} {name}@{k}: {value:.4f} {how}" for k, value in values.items()]
     summary["seconds"] = round(time.time() - start, 1)
     try:
-        written.claim()  # checked again, the folder made and marked, before either file
-        with outputs.writing(written.target("predictions.jsonl")) as f:
-            f.writelines(json.dumps(rec) + "\n" for rec in records)
         outputs.write(written.target("summary.json"), json.dumps(summary, indent=2) + "\n")
-    except UsageError as e:  # a file of those names that appeared while the model worked
+    except UsageError as e:  # a file of that name that appeared while the model worked
         fail(str(e))
     print("\n".join(lines))
     return summary
+
+
+def open_append(path: Path) -> Any:
+    """The predictions file, opened to append its lines, never through a symbolic link."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+    return os.fdopen(fd, "a", encoding="utf-8")
+
+
+class Progress:
+    """The evaluation's progress on stderr: a tqdm bar of problems on a terminal (samples done beside it, time left
+    by tqdm's rate), else a line at most every PROGRESS_EVERY_S seconds and at the end: problems and samples done,
+    time spent and left."""
+
+    def __init__(self, total: int, done: int, samples: int) -> None:
+        from tqdm.auto import tqdm
+
+        self.total, self.first, self.done, self.samples = total, done, done, samples
+        self.t0 = self.said = time.time()
+        self.bar = tqdm(total=total, initial=done, unit="problem", desc="evaluate", disable=None, file=sys.stderr)
+
+    def update(self, problems: int) -> None:
+        if not problems:
+            return
+        self.done += problems
+        self.bar.update(problems)
+        if self.samples:
+            self.bar.set_postfix(samples=self.done * self.samples, refresh=False)
+        now = time.time()
+        if self.bar.disable and (now - self.said >= PROGRESS_EVERY_S or self.done == self.total):
+            self.said, spent = now, now - self.t0
+            left = spent / (self.done - self.first) * (self.total - self.done)
+            print(
+                f"evaluate: {self.done}/{self.total} problems, {self.done * self.samples} samples, {spent:.0f} s spent,"
+                f" about {left:.0f} s left",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 if __name__ == "__main__":

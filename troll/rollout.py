@@ -5,6 +5,7 @@ One protocol (`Generator`), two backends, one result:
     gen = HFGenerator(model, tokenizer)            # or vllm_engine.VLLMGenerator(model_dir, tokenizer)
     ro = gen.generate(prompts, n=8, max_new_tokens=256, temperature=1.0, top_k_logprobs=64, seed=0)
     ids = gen.greedy(prompts, max_new_tokens=256)  # evaluation: token ids, a final EOS included
+    ids = gen.sample(prompts, n=4, max_new_tokens=256, temperature=1.0, seed=0)  # evaluation: ids only, no log-probs
     ...optimiser step on `model`...
     gen.push_weights(model)                        # no-op for HF; in-place weight copy for vLLM
 
@@ -137,7 +138,13 @@ class Generator(Protocol):
 
     def greedy(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]: ...
 
+    def sample(
+        self, prompts: list[list[int]], n: int, max_new_tokens: int, temperature: float, seed: int | None = None
+    ) -> list[list[int]]: ...
+
     def push_weights(self, model: Any) -> None: ...
+
+    eos_token_ids: list[int]  # a completion ends at the first of these (or at max_new_tokens)
 
 
 def check_request(
@@ -316,6 +323,12 @@ class HFGenerator:
         finished = is_eos.any(-1)
         return finished, torch.where(finished, is_eos.int().argmax(-1) + 1, comp.shape[1])
 
+    def _completions(self, seqs: Tensor, P: int) -> list[list[int]]:
+        """Each row's completion after the P prompt columns, up to and including its first EOS."""
+        comp = seqs[:, P:].cpu()
+        _, lengths = self._lengths(comp)
+        return [row[:n] for row, n in zip(comp.tolist(), lengths.tolist(), strict=True)]
+
     def greedy(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
         """Greedy completions (token ids, a final EOS included) in batches of `greedy_batch` prompts."""
         check_request(prompts, 1, max_new_tokens, 1.0, 0, self.vocab_size, self.max_model_len)
@@ -323,11 +336,20 @@ class HFGenerator:
         batches = range(0, len(prompts), self.greedy_batch)
         for i in tqdm(batches, desc="greedy", leave=False, disable=True if len(batches) < 2 else None):  # a terminal
             config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens)
-            seqs, P = self._generate(prompts[i : i + self.greedy_batch], config, seed=None)
-            comp = seqs[:, P:].cpu()
-            _, lengths = self._lengths(comp)
-            out += [row[:n] for row, n in zip(comp.tolist(), lengths.tolist(), strict=True)]
+            out += self._completions(*self._generate(prompts[i : i + self.greedy_batch], config, seed=None))
         return out
+
+    def sample(
+        self, prompts: list[list[int]], n: int, max_new_tokens: int, temperature: float, seed: int | None = None
+    ) -> list[list[int]]:
+        """n sampled completions of each prompt (token ids, a final EOS included; sample b = i * n + j): the tokens
+        `generate` draws from the same seed, without their scores, so memory is O(B * V), not O(B * T * V). For
+        evaluation, which needs no log-probs."""
+        check_request(prompts, n, max_new_tokens, temperature, 0, self.vocab_size, self.max_model_len)
+        config = GenerationConfig(
+            do_sample=True, temperature=temperature, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens
+        )
+        return self._completions(*self._generate(prompts, config, seed, n))
 
     def generate(
         self,

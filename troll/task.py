@@ -62,20 +62,44 @@ def decode_rollouts(tokenizer: Any, ro: Rollouts) -> list[str]:
 def rewards_of(task: Task, texts: Sequence[str], golds: Sequence[str], finished: Any) -> list[float]:
     """Each completion's reward; one stopped at the token limit (`finished` False, [B] bool) is scored by what it
     completed (`task.cut`: for a GSM8K-format task, a number the limit may have cut is no answer)."""
-    done = [bool(f) for f in finished]
-    cut = task.cut or (lambda t: t)
-    return [task.reward(t if f else cut(t), g) for t, g, f in zip(texts, golds, done, strict=True)]
+    return _rewards(task.reward, task.cut, texts, golds, [bool(f) for f in finished])
+
+
+def _rewards(
+    reward: Callable[[str, str], float],
+    cut: Callable[[str], str] | None,
+    texts: Sequence[str],
+    golds: Sequence[str],
+    finished: Sequence[bool],
+) -> list[float]:
+    cut = cut or (lambda t: t)
+    return [reward(t if f else cut(t), g) for t, g, f in zip(texts, golds, finished, strict=True)]
 
 
 def score(
-    rows: Sequence[dict], completions: Sequence[str], reward_fn: Callable[[str, str], float]
+    rows: Sequence[dict],
+    completions: Sequence[str],
+    reward_fn: Callable[[str, str], float],
+    finished: Sequence[bool] | None = None,
+    cut: Callable[[str], str] | None = None,
 ) -> tuple[float, list[dict]]:
-    """Accuracy in [0, 1] and one record {question, gold, completion, reward} per problem."""
+    """Accuracy in [0, 1] and one record {question, gold, completion, reward} per problem. A completion not
+    `finished` (stopped at the token limit; None: all finished) is scored by what it completed (`cut`, as
+    `rewards_of`)."""
+    golds = [r["gold"] for r in rows]
+    done = [True] * len(rows) if finished is None else finished
+    rewards = _rewards(reward_fn, cut, completions, golds, done)
     records = [
-        {"question": r["question"], "gold": r["gold"], "completion": c, "reward": reward_fn(c, r["gold"])}
-        for r, c in zip(rows, completions, strict=True)
+        {"question": r["question"], "gold": r["gold"], "completion": c, "reward": x}
+        for r, c, x in zip(rows, completions, rewards, strict=True)
     ]
-    return (sum(x["reward"] for x in records) / max(len(records), 1)), records
+    return (sum(rewards) / max(len(records), 1)), records
+
+
+def stopped(ids: Sequence[Sequence[int]], max_new_tokens: int, eos: Sequence[int]) -> list[bool]:
+    """Whether each completion (token ids) finished on its own: shorter than the limit, or ending in an EOS id; the
+    rest were stopped at the token limit."""
+    return [len(x) < max_new_tokens or (len(x) > 0 and x[-1] in eos) for x in ids]
 
 
 def load_task(cfg: Any, tokenizer: Any) -> tuple[Task, dict[str, int]]:
@@ -86,6 +110,7 @@ def load_task(cfg: Any, tokenizer: Any) -> tuple[Task, dict[str, int]]:
         train, test = (addition.problems(split, reverse=cfg.reverse_sum, rare=rare) for split in ("train", "test"))
         task = Task(train, test, lambda q: q, addition.reward, addition.marked if rare else None)
     else:  # GSM8K, or word problems asked and scored as GSM8K is
+
         def prompt(q: str) -> str:
             return gsm8k.make_prompt(q, tokenizer, chat=cfg.chat, system=cfg.system)
 
@@ -110,6 +135,9 @@ def load_task(cfg: Any, tokenizer: Any) -> tuple[Task, dict[str, int]]:
 
 
 def evaluate(generator: Generator, tokenizer: Any, task: Task, max_new_tokens: int) -> tuple[float, list[dict]]:
-    """Greedy pass@1 on the held-out problems through the rollout backend's own `greedy`, and one record each."""
+    """Greedy pass@1 on the held-out problems through the rollout backend's own `greedy`, and one record each (a
+    completion stopped at the token limit scored by what it completed, as in training)."""
     prompts = encode(tokenizer, [task.prompt(r["question"]) for r in task.test])
-    return score(task.test, decode(tokenizer, generator.greedy(prompts, max_new_tokens)), task.reward)
+    ids = generator.greedy(prompts, max_new_tokens)
+    finished = stopped(ids, max_new_tokens, generator.eos_token_ids)
+    return score(task.test, decode(tokenizer, ids), task.reward, finished, task.cut)

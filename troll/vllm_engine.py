@@ -239,6 +239,15 @@ class VLLMGenerator:
         self._sleep()
         return [list(o.outputs[0].token_ids) for o in outs]
 
+    def sample(
+        self, prompts: list[list[int]], n: int, max_new_tokens: int, temperature: float, seed: int | None = None
+    ) -> list[list[int]]:
+        """n sampled completions of each prompt (token ids, a final EOS included; sample b = i * n + j), as
+        `generate` draws them, without top-K log-probs: for evaluation."""
+        ro = self.generate(prompts, n, max_new_tokens, temperature, 0, seed)
+        lengths = ro.completion_mask.sum(-1).tolist()
+        return [ids[:m] for ids, m in zip(ro.completion_ids.tolist(), lengths, strict=True)]
+
     def generate(
         self,
         prompts: list[list[int]],

@@ -51,6 +51,7 @@ class Recorder:
         self.cuda = cfg.device == "cuda"
         self.vllm = type(inner).__name__ == "VLLMGenerator"
         self.vocab_size: int = inner.vocab_size  # type: ignore[attr-defined]
+        self.eos_token_ids = inner.eos_token_ids
         self.times: dict[str, float] = {"generate": 0.0, "greedy": 0.0, "push": 0.0}
         self.sync: list[float] = []
         self.windows: list[dict] = []  # per RL step: baseline and peak bytes, micro-batch tokens
@@ -88,6 +89,11 @@ class Recorder:
         out = self.inner.greedy(prompts, max_new_tokens)
         self.times["greedy"] += time.perf_counter() - t0
         return out
+
+    def sample(
+        self, prompts: list[list[int]], n: int, max_new_tokens: int, temperature: float, seed: int | None = None
+    ) -> list[list[int]]:
+        return self.inner.sample(prompts, n, max_new_tokens, temperature, seed)
 
     def push_weights(self, model: Any) -> None:
         if self._window is not None:  # the end of an update window
