@@ -265,6 +265,40 @@ def test_plot_overlays_runs(tmp_path):
         plot_runs([tmp_path / "empty"], tmp_path / "plots")
 
 
+def test_plot_by_loss_draws_each_seed_thin_and_each_losss_mean_thick(tmp_path, capsys):
+    """--by loss: each run a thin line in its loss's colour (config.json's loss), each loss's mean over its runs at
+    every step a thick line, one legend entry per loss naming its runs; a run without config.json is one line."""
+    from troll.config import Config
+    from troll.plot import figure, main
+
+    runs = []
+    for loss, seed, acc in (("troll", 0, 0.5), ("ppo_clip", 0, 0.3), ("troll", 1, 0.7), ("ppo_clip", 1, 0.1)):
+        run = tmp_path / f"{loss}-s{seed}"
+        run.mkdir()
+        Config(loss=loss, seed=seed).save(run / "config.json")
+        rows = [{"step": 0, "eval_acc": 0.2}, {"step": 1, "reward": acc, "entropy": acc / 2}]
+        rows += [{"step": 2, "eval_acc": acc}] + ([{"step": 3, "eval_acc": 1.0}] if seed else [])
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        runs.append(run)
+    fig = figure(runs, by="loss")
+    accuracy = fig.axes[1]
+    assert accuracy.get_title() == "Held-out accuracy"
+    thin, thick = accuracy.lines[:4], accuracy.lines[4:]
+    assert [line.get_color() for line in thin] == ["C0", "C1", "C0", "C1"] and {x.get_lw() for x in thin} == {0.7}
+    assert [line.get_color() for line in thick] == ["C0", "C1"] and {x.get_lw() for x in thick} == {2.2}
+    assert thick[0].get_xydata().tolist() == [[0, 0.2], [2, 0.6], [3, 1.0]]  # step 3: the one run that has it
+    assert thick[1].get_xydata().tolist() == [[0, 0.2], [2, pytest.approx(0.2)], [3, 1.0]]
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == [
+        "troll (2 runs: thin; their mean: thick)", "ppo_clip (2 runs: thin; their mean: thick)"
+    ]  # fmt: skip
+    (runs[0] / "config.json").unlink()
+    with pytest.raises(SystemExit) as e:
+        main([*map(str, runs), "--by", "loss", "--out", str(tmp_path / "plots")])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "\n" not in err and "troll-s0/config.json is missing" in err and "--by run" in err
+    assert not (tmp_path / "plots").exists()
+
+
 def test_non_finite_gradient_skips_the_step(tmp_path, monkeypatch, varied_reward):
     import troll.start as start_mod
 

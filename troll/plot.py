@@ -1,8 +1,11 @@
 """Curves from metrics.jsonl in one figure, a panel per metric, several runs overlaid (e.g. TROLL vs clip):
 
     python -m troll.plot runs/tiny-troll runs/tiny-clip --out plots/      # writes plots/metrics.png
+    python -m troll.plot runs/s*-troll runs/s*-clip --by loss              # seeds: a colour per loss, its mean thick
 
 Each run is one colour in every panel, labelled by its folder name in one legend above the panels; x is the RL step.
+With `--by loss` (several seeds of each loss), each run is a thin line in the colour of the loss its config.json
+names, and each loss's mean over its runs a thick one, the legend naming the losses and their runs.
 A panel, titled in words, is drawn for each metric in PANELS that at least one run logged, in this order: what the
 task pays (training reward, held-out accuracy `eval_acc`, and `behaviour_rate` where the task names a behaviour, as
 tiny-rare does), the trust region (the network's exact per-update KL `kl_update_mean` where the run logs it, as
@@ -99,41 +102,75 @@ def curves(data: dict[str, list[dict]], keys: Sequence[str]) -> dict[str, dict[s
     return panels
 
 
-def figure(runs: Sequence[str | Path], keys: Sequence[str] = DEFAULT_KEYS) -> Figure | None:
+def losses(runs: Sequence[str | Path]) -> dict[str, str]:
+    """{run folder name: the loss its config.json names} (troll.config.Config.load: a missing or damaged config is a
+    ValueError naming the file)."""
+    from troll.config import Config  # imports no torch
+
+    out = {}
+    for run in runs:
+        path = Path(run) / "config.json"
+        if not path.is_file():
+            raise ValueError(f"{path} is missing: --by loss reads each run's loss from it (or pass --by run)")
+        out[Path(run).resolve().name] = Config.load(path).loss
+    return out
+
+
+def mean_curve(lines: Sequence[Sequence[tuple[int, float]]]) -> list[tuple[int, float]]:
+    """The mean over the curves at each step any of them has, of the curves that have it."""
+    at: dict[int, list[float]] = {}
+    for pts in lines:
+        for step, v in pts:
+            at.setdefault(step, []).append(v)
+    return [(step, sum(vs) / len(vs)) for step, vs in sorted(at.items())]
+
+
+def figure(runs: Sequence[str | Path], keys: Sequence[str] = DEFAULT_KEYS, by: str = "run") -> Figure | None:
     """One figure: a panel (an Axes titled in words, PANELS; a key PANELS lacks titles its own) per key that at
-    least one run logged, COLUMNS to a row, each run one colour throughout, one legend for the figure. None when no
-    run logged any of `keys`."""
+    least one run logged, COLUMNS to a row, one legend for the figure. `by` "run": each run one colour throughout.
+    `by` "loss" (seeds of TROLL and PPO-clip, say): each run a thin line in its loss's colour (`losses`), and the
+    loss's mean over its runs at each step (`mean_curve`) a thick one. None when no run logged any of `keys`."""
     from matplotlib.figure import Figure  # no pyplot: leaves a notebook's inline backend alone
     from matplotlib.lines import Line2D
     from matplotlib.ticker import MaxNLocator
 
     data = read_runs(runs)
+    label = losses(runs) if by == "loss" else {name: name for name in data}
     panels = curves(data, keys)  # every value checked before anything is drawn
     if not panels:
         return None
-    colour = {name: f"C{i % 10}" for i, name in enumerate(data)}
+    labels = list(dict.fromkeys(label.values()))
+    colour = {name: f"C{labels.index(label[name]) % 10}" for name in data} | {x: f"C{i % 10}" for i, x in
+                                                                              enumerate(labels)}  # fmt: skip
     cols = min(COLUMNS, len(panels))
     rows = math.ceil(len(panels) / cols)
     fig = Figure(figsize=(4.2 * cols, 2.9 * rows + 0.6), layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     for ax, (key, lines) in zip(axes, panels.items(), strict=False):
         for name, pts in lines.items():
-            ax.plot(*zip(*pts, strict=True), color=colour[name], marker="o" if len(pts) < 20 else None, ms=3)
-            if key in MEAN_SHOWN:
+            thin = {"lw": 0.7, "alpha": 0.45} if by == "loss" else {"marker": "o" if len(pts) < 20 else None, "ms": 3}
+            ax.plot(*zip(*pts, strict=True), color=colour[name], **thin)
+            if key in MEAN_SHOWN and by == "run":
                 mean = sum(v for _, v in pts) / len(pts)
                 ax.axhline(mean, color=colour[name], ls="--", lw=0.8, label=f"mean {mean:.3f}")
+        for x in labels if by == "loss" else ():
+            mean = mean_curve([pts for name, pts in lines.items() if label[name] == x])
+            if mean:
+                ax.plot(*zip(*mean, strict=True), color=colour[x], lw=2.2)
         title, ylabel = PANELS.get(key, (key, ""))
         ax.set_title(title, fontsize=10)
         ax.set_ylabel(ylabel, fontsize=8)
-        if key in MEAN_SHOWN:
+        if key in MEAN_SHOWN and by == "run":
             ax.legend(fontsize=7, frameon=False, handlelength=1.5)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # RL steps
         ax.tick_params(labelsize=8)
         ax.grid(alpha=0.3)
     for ax in axes[len(panels) :]:  # the last row's empty cells
         fig.delaxes(ax)
-    handles = [Line2D([], [], color=colour[name], label=name) for name in data]
-    fig.legend(handles=handles, loc="outside upper center", ncol=min(len(data), 5), fontsize=9, frameon=False)
+    count = {x: sum(label[name] == x for name in data) for x in labels}
+    shown = [f"{x} ({count[x]} runs: thin; their mean: thick)" for x in labels] if by == "loss" else labels
+    handles = [Line2D([], [], color=colour[x], label=text) for x, text in zip(labels, shown, strict=True)]
+    fig.legend(handles=handles, loc="outside upper center", ncol=min(len(labels), 5), fontsize=9, frameon=False)
     fig.supxlabel("RL step (held-out accuracy from step 0, the evaluation before RL)", fontsize=9)
     return fig
 
@@ -143,11 +180,13 @@ def marked(path: Path) -> bool:
     return png_marked(path, *FIGURE_MARK)
 
 
-def plot_runs(runs: Sequence[str | Path], out: str | Path, keys: Sequence[str] = DEFAULT_KEYS) -> Path | None:
+def plot_runs(
+    runs: Sequence[str | Path], out: str | Path, keys: Sequence[str] = DEFAULT_KEYS, by: str = "run"
+) -> Path | None:
     """Write the runs' figure (`figure`) to <out>/metrics.png, marked as troll.plot's (FIGURE_MARK), and return that
     path; None (nothing written, no folder made) when no run logged any of `keys`. A metrics.png there that is not
     troll.plot's (`marked`), or a symbolic link of that name, is a FileExistsError naming it, nothing written."""
-    fig = figure(runs, keys)
+    fig = figure(runs, keys, by)
     if fig is None:
         return None
     path = Path(out) / FIGURE_NAME
@@ -174,6 +213,12 @@ def main(argv: list[str] | None = None) -> None:
     p = Parser(prog="python -m troll.plot", description="Plot metrics.jsonl of one or more runs")
     p.add_argument("runs", nargs="+", help="run directories (each holding metrics.jsonl)")
     p.add_argument("--out", default="plots", help=f"folder for the figure, {FIGURE_NAME}; default: %(default)s")
+    p.add_argument(
+        "--by",
+        default="run",
+        choices=["run", "loss"],
+        help="a colour per run, or per loss (each run thin, the loss's mean over its runs thick); default: run",
+    )
     args = p.parse_args(argv)
 
     def fail(message: str) -> NoReturn:
@@ -185,7 +230,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         with warnings.catch_warnings(record=True) as caught:  # a skipped torn line: one line on stderr
             warnings.simplefilter("always")
-            written = plot_runs(args.runs, args.out)
+            written = plot_runs(args.runs, args.out, by=args.by)
     except (OSError, ValueError) as e:  # a missing or damaged run directory, an --out that is a file, a foreign figure
         fail(str(e))
     for w in caught:
