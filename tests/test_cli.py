@@ -436,3 +436,70 @@ def test_library_bars_draw_on_a_terminal_only(imported, env):
         assert "transformers: 100%" in done.stderr and "hub: 100%" in done.stderr
     else:
         assert done.stderr == "", done.stderr[-2000:]
+
+
+# ------------------------------------------------------------------------------------------ troll VERB
+
+
+def troll(*argv: str) -> subprocess.CompletedProcess:
+    """`python -m troll ARGV` from the repository, as the console script `troll` runs it."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "troll", *argv], capture_output=True, text=True, env=env, cwd=ROOT)
+
+
+def test_troll_help_lists_every_command_and_each_verb_is_its_module():
+    """Every troll module that is a command (it ends in run_command) is a verb, listed with its line by --help; a
+    verb's --help is its module's own."""
+    from troll.__main__ import VERBS
+
+    commands = {f"troll.{p.stem}" for p in (ROOT / "troll").glob("*.py") if "run_command(" in p.read_text()}
+    assert commands - {"troll.cli"} == {module for module, _ in VERBS.values()}
+    listed = troll("--help")
+    assert listed.returncode == 0 and all(f"  {verb}" in listed.stdout for verb in VERBS)
+    for verb in ("evaluate", "model"):
+        own = troll(verb, "--help")
+        assert own.returncode == 0 and f"usage: python -m {VERBS[verb][0]}" in own.stdout, own.stderr
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["evalute"], ["'evalute' is not a verb", "did you mean evaluate?"]),
+        (["trian", "--steps", "1"], ["did you mean train?"]),
+        ([], ["usage: troll VERB"]),
+        (
+            ["evaluate", "--model", "/no/such/model"],
+            ["python -m troll.evaluate: error:", "/no/such/model does not exist"],
+        ),
+        (["train", "--step", "5"], ["--step", "--steps"]),
+    ],
+)
+def test_a_verbs_mistake_is_one_line_and_exit_2(argv, words):
+    """An unknown verb names the nearest; a verb's own refusal keeps its command's boundary (one line, exit 2)."""
+    result = troll(*argv)
+    err = result.stderr.strip()
+    assert result.returncode == 2 and "Traceback" not in err, err
+    assert argv == [] or len(err.splitlines()) == 1, err
+    assert all(w in err for w in words), err
+
+
+def test_any_other_first_word_is_one_line_naming_it(capsys):
+    """Generated first words (any text, flags, paths, empty): exit 2 with one line that names the word and the nearest
+    verbs, or the usage for none; nothing is run."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from troll.__main__ import VERBS, main
+
+    @settings(max_examples=60, derandomize=True, deadline=None)
+    @given(st.lists(st.text(min_size=0, max_size=12), min_size=1, max_size=3))
+    def check(argv: list[str]) -> None:
+        if argv[0] in VERBS or argv[0] in ("-h", "--help"):
+            return
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 2 and len(err.splitlines()) == 1 and repr(argv[0]) in err, err
+        assert "did you mean" in err
+
+    check()
