@@ -401,8 +401,9 @@ def test_a_run_logged_to_a_file_has_no_bar_redraws_and_a_line_per_evaluation(tmp
 
 @pytest.mark.slow
 def test_an_evaluation_with_its_output_piped_draws_no_bar(tmp_path):
-    """troll.evaluate loading a model and sampling, stdout and stderr piped: the figures, and no bar (the weights'
-    loading bar of transformers drew here before troll.cli.run_command turned the libraries' bars off)."""
+    """troll.evaluate loading a model and sampling, stdout and stderr piped: the figures, its progress as lines, and
+    no bar (the weights' loading bar of transformers drew here before troll.cli.run_command turned the libraries'
+    bars off)."""
     from troll import addition
     from troll.tiny import save_tiny, tiny_llama, train_tokenizer
 
@@ -412,5 +413,8 @@ def test_an_evaluation_with_its_output_piped_draws_no_bar(tmp_path):
     res = command("-m", "troll.evaluate", "--model", str(tmp_path / "model"), *data, "--max_new_tokens", "2",
                   "--samples", "2", "--out", str(tmp_path / "eval"))  # fmt: skip
     assert res.returncode == 0, res.stderr[-2000:]
-    assert res.stderr == "" and "\r" not in res.stdout and "it/s" not in res.stdout, res.stderr[-2000:]
+    progress = r"evaluate: [12]/2 problems, [24] samples, \d+ s spent, about \d+ s left"  # troll.evaluate's lines
+    assert all(re.fullmatch(progress, line) for line in res.stderr.splitlines()), res.stderr[-2000:]
+    assert res.stderr.endswith("evaluate: 2/2 problems, 4 samples, 0 s spent, about 0 s left\n"), res.stderr
+    assert "\r" not in res.stdout + res.stderr and "it/s" not in res.stdout + res.stderr
     assert res.stdout.startswith("gsm8k greedy pass@1: ") and len(res.stdout.splitlines()) == 5

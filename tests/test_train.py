@@ -265,6 +265,32 @@ def test_plot_overlays_runs(tmp_path):
         plot_runs([tmp_path / "empty"], tmp_path / "plots")
 
 
+def test_a_batch_is_drawn_for_the_largest_seed():
+    """collect seeds batch i with (seed * 1,000,003 + i) mod 2**63: the largest seed a config takes (2**63 - 1)
+    draws its prompts (it overflowed torch's seed before), and a small seed is its own formula."""
+    from troll import addition
+    from troll.task import load_task
+    from troll.tiny import train_tokenizer
+    from troll.train import collect
+
+    class Seeds:
+        def __init__(self):
+            self.seen = []
+
+        def generate(self, prompts, n, max_new_tokens, temperature=1.0, top_k_logprobs=0, seed=None):
+            self.seen.append(seed)
+            raise StopIteration
+
+    tok = train_tokenizer(addition.corpus(), vocab_size=64)
+    for seed, want in ((2**63 - 1, (2**63 - 1) * 1_000_003 + 5), (3, 3 * 1_000_003 + 5)):
+        cfg = Config(seed=seed)
+        task, _ = load_task(cfg, tok)
+        gen = Seeds()
+        with pytest.raises(StopIteration):
+            collect(cfg, 5, tok, gen, task)
+        assert gen.seen == [want % 2**63]
+
+
 def test_plot_by_loss_draws_each_seed_thin_and_each_losss_mean_thick(tmp_path, capsys):
     """--by loss: each run a thin line in its loss's colour (config.json's loss), each loss's mean over its runs at
     every step a thick line, one legend entry per loss naming its runs; a run without config.json is one line."""

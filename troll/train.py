@@ -69,7 +69,7 @@ def collect(cfg: Config, index: int, tokenizer: Any, generator: Generator, task:
     """Steps 1-3 for batch `index`: rollout, reward, advantages. Everything random is seeded from (seed, index),
     so a resumed run repeats what the uninterrupted one did."""
     t0 = time.time()
-    seed = cfg.seed * 1_000_003 + index
+    seed = (cfg.seed * 1_000_003 + index) % 2**63  # the seeds torch takes; any seed below 9e12 is itself
     rng = torch.Generator().manual_seed(seed)
     drawn = torch.randint(len(task.train), (cfg.prompts_per_step,), generator=rng).tolist()
     rows = [task.train[i] for i in drawn]
