@@ -186,7 +186,7 @@ def behaviour_rate(cfg: Config, model, tokenizer, task, prompts: int = 1024, sam
     import torch
 
     from troll.rollout import HFGenerator
-    from troll.task import decode, encode
+    from troll.task import decode_rollouts, encode
 
     generator, texts, golds = HFGenerator(model, tokenizer), [], []
     for i in range(0, prompts, 128):  # 128 prompts at a time: the sampler's memory stays small at a large V
@@ -194,8 +194,7 @@ def behaviour_rate(cfg: Config, model, tokenizer, task, prompts: int = 1024, sam
         with torch.no_grad():
             ro = generator.generate(encode(tokenizer, [task.prompt(r["question"]) for r in rows]), samples,
                                     cfg.max_new_tokens, cfg.temperature, seed=cfg.seed + i)  # fmt: skip
-        lengths = ro.completion_mask.sum(-1).tolist()
-        texts += decode(tokenizer, [ids[:n] for ids, n in zip(ro.completion_ids.tolist(), lengths, strict=True)])
+        texts += decode_rollouts(tokenizer, ro)
         golds += [rows[int(g)]["gold"] for g in ro.group]
     return {
         "behaviour_rate": sum(map(task.behaviour, texts)) / len(texts),

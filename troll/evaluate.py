@@ -112,11 +112,8 @@ HF_CALL = 64  # samples a `sample` call on the hf backend, whose memory is its K
 VLLM_BLOCK = 256  # problems a block (and a call) on vLLM, which batches them itself
 PROGRESS_EVERY_S = 30.0  # off a terminal, a progress line at most this often (and one at the end)
 KEPT_BYTES_PER_TOKEN = 48  # a kept completion token: its id in a Python list and its decoded text (measured: 45)
-OUTPUTS = (
-    "predictions.jsonl",
-    "summary.json",
-    "evaluation.json",
-)  # what it writes into --out, its marker listing them (troll.outputs)
+# what it writes into --out, its marker listing them (troll.outputs)
+OUTPUTS = ("predictions.jsonl", "summary.json", "evaluation.json")
 
 
 def is_adapters(folder: Path) -> bool:
@@ -421,9 +418,8 @@ def load_generator(backend: str, model_path: str, tokenizer: Any, max_model_len:
     else:
         model = load(AutoModelForCausalLM.from_pretrained, model_path, "model").to(device)
         use_gqa_attention(model)  # on CPU: shared key/value heads read in place (troll.attention)
-    return HFGenerator(
-        model.eval(), tokenizer, max_model_len, share_prompt=True
-    )  # a prompt forwarded once for its samples
+    # share_prompt: a prompt forwarded once for its samples
+    return HFGenerator(model.eval(), tokenizer, max_model_len, share_prompt=True)
 
 
 def merged_lora(ckpt: Path, device: Any) -> Any:
@@ -634,11 +630,10 @@ def main(argv: list[str] | None = None) -> dict:
     work = predictions.completions(
         generator, prompts, args.samples, args.max_new_tokens, temperature, seed, block, per_call, start=len(done)
     )
-    progress = Progress(len(rows), len(done), args.samples)
+    progress, eos = Progress(len(rows), len(done), args.samples), generator.eos_token_ids
     with open_append(written.target("predictions.jsonl").path) as f:
         for finished in work:  # the problems a call finished
             for i, greedy, drawn in finished:
-                eos = generator.eos_token_ids
                 done.append(prediction(rows[i], greedy, drawn, tokenizer, spec, eos, args.max_new_tokens))
                 f.write(json.dumps(done[-1]) + "\n")
             f.flush()

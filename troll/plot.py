@@ -140,8 +140,7 @@ def figure(runs: Sequence[str | Path], keys: Sequence[str] = DEFAULT_KEYS, by: s
     if not panels:
         return None
     labels = list(dict.fromkeys(label.values()))
-    colour = {name: f"C{labels.index(label[name]) % 10}" for name in data} | {x: f"C{i % 10}" for i, x in
-                                                                              enumerate(labels)}  # fmt: skip
+    colour = {x: f"C{i % 10}" for i, x in enumerate(labels)}  # a run is drawn in its label's
     cols = min(COLUMNS, len(panels))
     rows = math.ceil(len(panels) / cols)
     fig = Figure(figsize=(4.2 * cols, 2.9 * rows + 0.6), layout="constrained")
@@ -149,10 +148,10 @@ def figure(runs: Sequence[str | Path], keys: Sequence[str] = DEFAULT_KEYS, by: s
     for ax, (key, lines) in zip(axes, panels.items(), strict=False):
         for name, pts in lines.items():
             thin = {"lw": 0.7, "alpha": 0.45} if by == "loss" else {"marker": "o" if len(pts) < 20 else None, "ms": 3}
-            ax.plot(*zip(*pts, strict=True), color=colour[name], **thin)
+            ax.plot(*zip(*pts, strict=True), color=colour[label[name]], **thin)
             if key in MEAN_SHOWN and by == "run":
                 mean = sum(v for _, v in pts) / len(pts)
-                ax.axhline(mean, color=colour[name], ls="--", lw=0.8, label=f"mean {mean:.3f}")
+                ax.axhline(mean, color=colour[label[name]], ls="--", lw=0.8, label=f"mean {mean:.3f}")
         for x in labels if by == "loss" else ():
             mean = mean_curve([pts for name, pts in lines.items() if label[name] == x])
             if mean:

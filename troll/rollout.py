@@ -81,6 +81,11 @@ class Rollouts:
     def __len__(self) -> int:
         return len(self.prompt_ids)
 
+    def tokens(self) -> list[list[int]]:
+        """Each sample's completion ids, its real tokens only (an ending EOS included): B lists."""
+        lengths = self.completion_mask.sum(-1).tolist()
+        return [ids[:n] for ids, n in zip(self.completion_ids.tolist(), lengths, strict=True)]
+
     def micro_batches(self, max_tokens: int, rows: Tensor | None = None) -> list[Tensor]:
         """Split sample indices `rows` (default: all) into chunks of at most max_tokens padded tokens (prompt +
         completion columns) each, at least one sample per chunk."""

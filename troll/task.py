@@ -55,8 +55,7 @@ def decode(tokenizer: Any, seqs: Sequence[Sequence[int]]) -> list[str]:
 
 def decode_rollouts(tokenizer: Any, ro: Rollouts) -> list[str]:
     """The completion texts of rollouts `ro`: each sample's real tokens (they come first in its row) decoded."""
-    lengths = ro.completion_mask.sum(-1).tolist()
-    return decode(tokenizer, [ids[:n] for ids, n in zip(ro.completion_ids.tolist(), lengths, strict=True)])
+    return decode(tokenizer, ro.tokens())
 
 
 def rewards_of(task: Task, texts: Sequence[str], golds: Sequence[str], finished: Any) -> list[float]:

@@ -244,9 +244,7 @@ class VLLMGenerator:
     ) -> list[list[int]]:
         """n sampled completions of each prompt (token ids, a final EOS included; sample b = i * n + j), as
         `generate` draws them, without top-K log-probs: for evaluation."""
-        ro = self.generate(prompts, n, max_new_tokens, temperature, 0, seed)
-        lengths = ro.completion_mask.sum(-1).tolist()
-        return [ids[:m] for ids, m in zip(ro.completion_ids.tolist(), lengths, strict=True)]
+        return self.generate(prompts, n, max_new_tokens, temperature, 0, seed).tokens()
 
     def generate(
         self,
