@@ -373,9 +373,10 @@ def test_a_config_saved_before_vocab_size_existed_ran_with_its_added_value(tmp_p
         "compile_head": False,  # every run before the setting took the eager output layer
         "system": None, "mask_overlong": False,  # the template's own system message; cut samples in the loss
         "share_prompt": False, "minibatch_by": "sample",  # every sample's prompt forwarded with it; shuffled samples
+        "filter_groups": False,  # every group trained on, with signal or without
     }  # fmt: skip
     for name in ("lora_rank", "lora_alpha", "lora_targets", "sft_probe", "compile_head", "system", "mask_overlong",
-                 "share_prompt", "minibatch_by"):  # fmt: skip
+                 "share_prompt", "minibatch_by", "filter_groups"):  # fmt: skip
         del saved[name]
     path.write_text(json.dumps(saved))
     assert Config.load(path) == Config()

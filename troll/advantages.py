@@ -8,8 +8,10 @@ rewards [B] float, group [B] long (index of the prompt each response answers; id
     reinforce_pp  A_i = (d_i - mean_B d) / (std_B d + 1e-6),  d_i = r_i - mean_g r   (group baseline, then
                                                                   normalised over the whole batch)
 
-A group whose rewards are all equal carries no signal and gets A = 0 exactly (never NaN). GSPO uses GRPO's
-advantages with a sequence-level ratio; that is a loss mode (`level="sequence"` in losses.py), not an estimator.
+A group whose rewards are all equal carries no signal and gets A = 0 exactly (never NaN); `has_signal` marks the
+samples of the other groups (--filter_groups trains on those only: DAPO's dynamic sampling, troll.train).
+GSPO uses GRPO's advantages with a sequence-level ratio; that is a loss mode (`level="sequence"` in losses.py),
+not an estimator.
 """
 
 from __future__ import annotations
@@ -53,6 +55,16 @@ def reinforce_pp(rewards: Tensor, group: Tensor) -> Tensor:
     if d.numel() < 2:
         return torch.zeros_like(rewards)
     return ((d - d.mean()) / (d.std() + STD_EPS)).to(rewards.dtype)
+
+
+def has_signal(rewards: Tensor, group: Tensor) -> Tensor:
+    """[B] bool: each sample's group has rewards that differ (max > min), so its advantages can be other than 0."""
+    _group_mean_std(rewards, group)  # the same checks of shapes and values
+    n_groups = int(group.max()) + 1 if group.numel() else 0
+    r = rewards.double()
+    top = torch.full((n_groups,), -torch.inf, dtype=r.dtype).scatter_reduce(0, group, r, "amax")
+    low = torch.full((n_groups,), torch.inf, dtype=r.dtype).scatter_reduce(0, group, r, "amin")
+    return (top > low)[group]
 
 
 ESTIMATORS = {"grpo": grpo, "dr_grpo": dr_grpo, "reinforce_pp": reinforce_pp}

@@ -122,6 +122,11 @@ class Config:
     # the objective
     loss: str = opt("troll", "the policy loss: TROLL or one of the baselines", ("troll", "ppo_clip", "dppo", "cispo"))
     advantage: str = opt("grpo", "advantage estimator", ("grpo", "dr_grpo", "reinforce_pp"))
+    filter_groups: bool = opt(
+        False,
+        "train only on groups whose rewards differ, where the advantage is not 0 (DAPO's dynamic sampling, "
+        "without its resampling); a batch with no such group trains whole",
+    )
     agg: str | None = opt(
         None,
         "reduction of per-token terms; unset: token-mean, or seq-mean-token-mean (GSPO's mean over sequences) with "
@@ -382,7 +387,7 @@ NOT_SETTINGS = ("out", "resume")  # where and how a run is started, not what it 
 ADDED = {
     "vocab_size": 0, "lora_rank": 0, "lora_alpha": 32.0, "lora_targets": "all-linear", "dppo_cap": 2.0,
     "sft_probe": 1024, "compile_head": False, "system": None, "mask_overlong": False, "share_prompt": False,
-    "minibatch_by": "sample",
+    "minibatch_by": "sample", "filter_groups": False,
 }  # fmt: skip
 
 

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from troll.advantages import has_signal
 from troll.head import LMHead
 from troll.policy import rollout_logits
 from troll.rollout import Batch, Rollouts
@@ -81,12 +82,15 @@ def step_row(
     the batches `fresh`: the batch's rewards and lengths, the learning rate after the step and its skipped optimiser
     steps, the share of fresh samples that show the task's watched behaviour (tasks that name one), the sampler's
     mismatch to `trainer` (the network's own old-policy pass), the update's metrics, and what the step cost."""
-    ro, rewards = batch.ro, batch.rewards
+    ro = batch.ro
+    rewards, group = batch.drawn or (batch.rewards, ro.group)  # every sample drawn, where --filter_groups kept a part
     lengths = ro.completion_mask.sum(-1).float()
     return {
         "step": step + 1,
         "reward": float(rewards.mean()),
         "accuracy": float((rewards > 0.5).float().mean()),
+        "signal_frac": float(has_signal(rewards, group).float().mean()),
+        "trained_frac": len(ro) / len(rewards),
         "response_len_mean": float(lengths.mean()),
         "response_len_max": float(lengths.max()),
         "truncated_frac": float((~ro.finished).float().mean()),

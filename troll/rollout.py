@@ -52,6 +52,7 @@ dropped silently: filter by length when building the data set).
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -126,6 +127,20 @@ class Batch:
     time_score: float
     train_rows: list[int] | None = None  # [B] each sample's problem, its index in task.train (None: not kept)
     golds: list[str] | None = None  # [B] each sample's gold answer (None: not kept)
+    drawn: tuple[Tensor, Tensor] | None = None  # [B0] rewards and groups of all samples drawn, where B keeps a part
+
+    def keep(self, idx: Tensor) -> Batch:
+        """Samples `idx` ([b] long, whole groups) of this batch, their groups numbered anew from 0; `drawn` records
+        what the whole batch drew (--filter_groups: troll.train.collect)."""
+        _, group = torch.unique(self.ro.group[idx], return_inverse=True)
+        ro = dataclasses.replace(self.ro.select(idx), group=group)
+        pick = idx.tolist()
+        return dataclasses.replace(
+            self, ro=ro, rewards=self.rewards[idx], adv=self.adv[idx],
+            drawn=self.drawn or (self.rewards, self.ro.group),
+            train_rows=None if self.train_rows is None else [self.train_rows[i] for i in pick],
+            golds=None if self.golds is None else [self.golds[i] for i in pick],
+        )  # fmt: skip
 
 
 class Generator(Protocol):

@@ -46,7 +46,7 @@ from typing import Any
 
 import torch
 
-from troll.advantages import advantages
+from troll.advantages import advantages, has_signal
 from troll.aggregate import aggregate_count
 from troll.cli import run_command
 from troll.diagnostics import StepTimer, UpdateKL, step_row
@@ -89,7 +89,11 @@ def collect(cfg: Config, index: int, tokenizer: Any, generator: Generator, task:
     if cfg.mask_overlong:  # DAPO's overlong filter: a sample cut at the token limit is left out of the loss
         ro.completion_mask &= ro.finished[:, None]
     train_rows = [drawn[int(g)] for g in ro.group]
-    return Batch(ro, rewards, adv, rng.get_state(), t1 - t0, time.time() - t1, train_rows, golds)
+    batch = Batch(ro, rewards, adv, rng.get_state(), t1 - t0, time.time() - t1, train_rows, golds)
+    if cfg.filter_groups:  # DAPO's dynamic sampling, without its resampling: only groups with signal are trained on
+        keep = has_signal(rewards, ro.group).nonzero().flatten()
+        batch = batch.keep(keep) if len(keep) else batch  # no group with signal: the batch stays whole (A = 0)
+    return batch
 
 
 def old_policy(cfg: Config, model: Any, ro: Rollouts, vocab: int) -> SparseDist:
