@@ -8,7 +8,7 @@ non-zero advantage. (`odd_length_reward`, 1.0 for an odd number of characters, i
 untrained model nearly every completion runs to max_new_tokens = 5 characters, so most groups tie and carry
 no signal.) Both take the completion text with special tokens removed, as troll's `Task.reward` does.
 
-Argument types (`int_at_least`, from troll.config, `positive_float`, `comma_list`): a bad value is an argparse
+Argument types (`int_at_least`, from troll.base.config, `positive_float`, `comma_list`): a bad value is an argparse
 error naming the flag (exit 2, no traceback), before anything is built or measured.
 """
 
@@ -20,7 +20,7 @@ import resource
 import statistics
 from collections.abc import Callable, Iterable
 
-from troll.config import int_at_least  # noqa: F401  (the benchmarks import it from here)
+from troll.base.config import int_at_least  # noqa: F401  (the benchmarks import it from here)
 
 
 def parity_reward(completion: str, gold: str = "") -> float:

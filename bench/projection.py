@@ -106,7 +106,7 @@ import torch  # noqa: E402
 
 from bench._util import int_at_least  # noqa: E402
 from bench.real_logits import add_real_flags, real_pair, real_settings  # noqa: E402
-from troll.cli import Parser, free_memory, gib, run_command  # noqa: E402
+from troll.base.cli import Parser, free_memory, gib, run_command  # noqa: E402
 from troll.losses import ppo_clip, troll_loss  # noqa: E402
 from troll.sparse import sparsify  # noqa: E402
 
@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument(
         "--logits",
         default=SYNTHETIC,
-        help=f"{SYNTHETIC} (default), smollm2 (SmolLM2-135M-Instruct on GSM8K, troll.packaged) or a model folder",
+        help=f"{SYNTHETIC} (default), smollm2 (SmolLM2-135M-Instruct on GSM8K, troll model) or a model folder",
     )
     ap.add_argument("--n", type=int_at_least(1), help=f"tokens (default {N_SYNTHETIC}; {N_REAL} with real logits)")
     ap.add_argument("--v", type=int_at_least(2), help=f"vocabulary size, synthetic logits only (default {V_QWEN})")

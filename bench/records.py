@@ -1,5 +1,5 @@
-"""What per-token records (troll.records) cost a run: one RL step with records and without, paired, on tiny-cpu;
-and with --read_mib, what opening a long run's records costs troll.inspect.
+"""What per-token records (troll.run.records) cost a run: one RL step with records and without, paired, on tiny-cpu;
+and with --read_mib, what opening a long run's records costs troll.tools.inspect.
 
     python bench/records.py                   # tiny-cpu preset, 10 rounds
     python bench/records.py --repeats 20 --records_samples 8
@@ -7,7 +7,7 @@ and with --read_mib, what opening a long run's records costs troll.inspect.
 
 Each round starts both variants from the same weights, optimiser and scheduler state (restored from a snapshot,
 untimed) and the same step index, so both sample the same rollouts; `off` runs `troll.train.rl_step` as the loop
-does between evaluations, `on` with a `troll.records.Recorder` (the loss wrapped, the figures of `records_samples`
+does between evaluations, `on` with a `troll.run.records.Recorder` (the loss wrapped, the figures of `records_samples`
 samples taken from its inputs, p(y) read after the update, the row built). The order alternates between rounds.
 Reported: the median step time (wall and CPU user) of each, the median of the per-round ratios on / off, the
 bytes of a row against `row_bytes_bound`, and whether both variants' update metrics agree exactly (records change
@@ -17,10 +17,10 @@ overhead is the per-step one divided by eval_every; both are printed. Target: un
 
 With --read_mib N: a synthetic run folder (config.json, and a tokens.jsonl of about N MiB: --read_steps rows of
 `records_samples` samples, each of as many tokens as the size asks, figures drawn at random with a fixed seed, as
-the recorder writes them) in a temporary folder, then two timings on it: `python -m troll.inspect RUN --out
+the recorder writes them) in a temporary folder, then two timings on it: `troll inspect RUN --out
 page.html` (in this process, its output set aside), which reads each row's step from its line and whole only the
-rows its page shows (troll.records.Records), and `troll.records.read`, every row read whole and checked (as
-troll.inspect read them before issue 53). Target: the command within seconds.
+rows its page shows (troll.run.records.Records), and `troll.run.records.read`, every row read whole and checked (as
+troll.tools.inspect read them before issue 53). Target: the command within seconds.
 """
 
 from __future__ import annotations
@@ -47,14 +47,14 @@ import torch  # noqa: E402
 import troll.train as train  # noqa: E402
 from bench._util import cpu_user, int_at_least, median  # noqa: E402
 from bench.step import restore, snapshot  # noqa: E402
-from troll import records  # noqa: E402
-from troll.cli import Parser, run_command  # noqa: E402
-from troll.config import Config  # noqa: E402
-from troll.policy import build_model  # noqa: E402
-from troll.records import Recorder, row_bytes_bound  # noqa: E402
-from troll.start import check_size, check_step, make_generator, make_optimizer  # noqa: E402
-from troll.task import load_task  # noqa: E402
-from troll.warmstart import warm_start_task  # noqa: E402
+from troll.base.cli import Parser, run_command  # noqa: E402
+from troll.base.config import Config  # noqa: E402
+from troll.models.build import build_model  # noqa: E402
+from troll.run import records  # noqa: E402
+from troll.run.records import Recorder, row_bytes_bound  # noqa: E402
+from troll.run.start import check_size, check_step, make_generator, make_optimizer  # noqa: E402
+from troll.run.warmstart import warm_start_task  # noqa: E402
+from troll.tasks.task import load_task  # noqa: E402
 
 PROG = "python bench/records.py"  # the name in each of its lines, argparse's own and run_command's
 
@@ -63,10 +63,10 @@ COMPARED = ("reward", "policy", "regression", "kl_before_mean", "kl_after_max", 
 
 def main() -> None:
     ap = Parser(prog=PROG, description=__doc__.split("\n")[0],
-                epilog="Other flags go to troll.config.Config (e.g. --records_samples 8).")  # fmt: skip
+                epilog="Other flags go to troll.base.config.Config (e.g. --records_samples 8).")  # fmt: skip
     ap.add_argument("--repeats", type=int_at_least(1), default=10, help="measured rounds (each runs both)")
     ap.add_argument("--warmup", type=int_at_least(0), default=1, help="untimed rounds first")
-    ap.add_argument("--read_mib", type=int_at_least(1), default=None, help="instead: time troll.inspect on a "
+    ap.add_argument("--read_mib", type=int_at_least(1), default=None, help="instead: time troll.tools.inspect on a "
                     "synthetic tokens.jsonl of about this many MiB")  # fmt: skip
     ap.add_argument("--read_steps", type=int_at_least(1), default=30_000, help="with --read_mib: the recorded steps "
                     "(rows) in it (default: 30000)")  # fmt: skip
@@ -78,9 +78,9 @@ def main() -> None:
         ap.error(f"--records_samples {cfg.records_samples} records nothing, so there is no cost to measure: pass 1 "
                  "or more")  # fmt: skip
     torch.manual_seed(cfg.seed)
-    check_size(cfg)  # what --vocab_size implies, before the model is built (troll.start)
+    check_size(cfg)  # what --vocab_size implies, before the model is built (troll.run.start)
     model, tokenizer = build_model(cfg, torch.device("cpu"))
-    check_step(cfg, model)  # what the counts imply for this model, in one line before any step (troll.start)
+    check_step(cfg, model)  # what the counts imply for this model, in one line before any step (troll.run.start)
     task, _ = load_task(cfg, tokenizer)
     if cfg.sft_steps:
         warm_start_task(cfg, model, tokenizer, task)
@@ -123,7 +123,7 @@ def main() -> None:
 
 
 def sample(rng: random.Random, index: int, tokens: int) -> dict:
-    """One recorded sample of `tokens` tokens, its figures drawn as the recorder writes them (troll.records: the
+    """One recorded sample of `tokens` tokens, its figures drawn as the recorder writes them (troll.run.records: the
     probabilities to 4 digits, the KL and the log-ratios whole)."""
     texts = [rng.choice([" 4", "7", " +", "=", "####", " the", "<|im_end|>"]) for _ in range(tokens)]
     prob = [records.fig(rng.random()) for _ in range(4 * tokens)]
@@ -165,8 +165,8 @@ def synthetic_run(folder: Path, cfg: Config, mib: int, steps: int) -> int:
 
 
 def reading(ap: Parser, a: argparse.Namespace, cfg: Config) -> None:
-    """--read_mib: troll.inspect and troll.records.read timed on a synthetic long run (module docstring)."""
-    from troll import inspect
+    """--read_mib: troll.tools.inspect and troll.run.records.read timed on a synthetic long run (module docstring)."""
+    from troll.tools import inspect
 
     if cfg.records_samples < 1:
         ap.error(f"--records_samples {cfg.records_samples} records nothing, so there is no file to read: pass 1 or "
@@ -181,10 +181,10 @@ def reading(ap: Parser, a: argparse.Namespace, cfg: Config) -> None:
             inspect.main([str(run), "--out", str(Path(tmp) / "page.html")])
         opened = time.perf_counter() - t
         page = (Path(tmp) / "page.html").stat().st_size
-        print(f"python -m troll.inspect RUN --out page.html: {opened:.2f} s (page {page // 1024} KB)")
+        print(f"troll inspect RUN --out page.html: {opened:.2f} s (page {page // 1024} KB)")
         t = time.perf_counter()
         rows = records.read(run)
-        print(f"troll.records.read, every row read whole and checked: {time.perf_counter() - t:.2f} s ({len(rows)} "
+        print(f"troll.run.records.read, every row read whole and checked: {time.perf_counter() - t:.2f} s ({len(rows)} "
               "rows)")  # fmt: skip
 
 

@@ -10,12 +10,12 @@ On the 0.6M-parameter toy with 64 new tokens both backends spend most of their t
 vLLM's fixed cost per token (scheduler, sampler, output handling, about 50 us) caps its lead near 1.5x: that
 measures Python bookkeeping, not generation; the `split` lines below show it.
 
-What is timed: one `generate` call of `troll.rollout.HFGenerator` and of `troll.vllm_engine.VLLMGenerator`
+What is timed: one `generate` call of `troll.rollout.HFGenerator` and of `troll.models.vllm_engine.VLLMGenerator`
 (so each includes building the padded `Rollouts`), without top-K log-probs (K = 0: only the sampled token's
 log-prob) and with top-K (`--top-k 0` runs K = 0 only). Tokens per second = generated tokens (sum of
 completion masks) / wall time.
 
-Model: `troll.tiny` Llama (float32, untied; `--hidden`, `--layers`, `--heads`, head_dim = hidden / heads must
+Model: `troll.models.tiny` Llama (float32, untied; `--hidden`, `--layers`, `--heads`, head_dim = hidden / heads must
 be one vLLM's CPU attention supports, e.g. 32 or 64), tokenizer trained on a synthetic corpus of random words
 so that it fills `--vocab` ids. The output layer has `--model-vocab` rows (default: the tokenizer's size, so no
 vocab mask); a larger value pads it like Qwen's (151,936 rows for 151,665 tokens) and both backends mask the
@@ -62,13 +62,13 @@ if not __package__:  # run as a file (python bench/x.py): the repository root on
 import torch  # noqa: E402
 
 from bench._util import int_at_least  # noqa: E402
-from troll.cli import Parser, free_memory, gib, run_command
+from troll.base.cli import Parser, free_memory, gib, run_command
+from troll.models.tiny import save_tiny, tiny_llama, train_tokenizer  # noqa: E402
+from troll.models.vllm_engine import VLLMGenerator  # noqa: E402
 from troll.rollout import HFGenerator, Rollouts  # noqa: E402
-from troll.tiny import save_tiny, tiny_llama, train_tokenizer  # noqa: E402
-from troll.vllm_engine import VLLMGenerator  # noqa: E402
 
 PROG = "python bench/rollout.py"  # the name in each of its lines, argparse's own and run_command's
-SCORE_BYTES = 12  # a generated token's score per output row kept by transformers `generate` (troll.start's figure)
+SCORE_BYTES = 12  # a generated token's score per output row kept by transformers `generate` (troll.run.start's figure)
 MODEL_BYTES = 8  # a parameter: float32, in the model and in vLLM's copy of it
 
 

@@ -26,12 +26,12 @@ if not __package__:  # run as a file (python bench/x.py): the repository root on
 import torch  # noqa: E402
 
 from bench._util import int_at_least, positive_float  # noqa: E402
-from troll import addition  # noqa: E402
-from troll.cli import Parser, run_command
+from troll.base.cli import Parser, run_command
+from troll.models.tiny import tiny_llama, train_tokenizer  # noqa: E402
 from troll.policy import completion_logits  # noqa: E402
 from troll.project import project_sparse  # noqa: E402
 from troll.sparse import SUPPORTS, build_support, sparsify, support_kl  # noqa: E402
-from troll.tiny import tiny_llama, train_tokenizer  # noqa: E402
+from troll.tasks import addition  # noqa: E402
 
 PROG = "python bench/sparse_models.py"  # the name in each of its lines, argparse's own and run_command's
 

@@ -12,7 +12,7 @@ with HF). The phase times are the ones `rl_step` returns (time_generate, time_sc
 time_update, time_sync); total = their sum. The variants differ only in the config: `troll` (the default
 "rest" sparse model), `troll-paper` (`support="paper"`, the paper's tail model), `clip` (`loss="ppo_clip"`: this
 repository's, through the same one-pass gather) and `textbook` (PPO-clip as TRL computes it: whole logits, one
-log-softmax over the vocabulary kept for backward, `troll.watch.textbook_clip`, with `logits_chunk` 0).
+log-softmax over the vocabulary kept for backward, `troll.tools.watch.textbook_clip`, with `logits_chunk` 0).
 Inside the update, the loss functions' forward (`troll_loss` / `ppo_clip`, not their backward) is also timed
 (wall and CPU user), to show how much of the difference is the loss itself: `rl_step`'s `loss_fn` seam gets the
 loss wrapped in a timer.
@@ -48,12 +48,12 @@ median ratios.
 `--compare levers` (issue 52): the preset's own loss, with `LEVERS` as the variants: today's per-sample path
 (`--share_prompt false --minibatch_by sample`), the shared prompt with minibatches of whole groups, that with an empty
 system message (`--system ''`, other prompts, the same problems), and the shared step on transformers' own sdpa
-attention (which copies each shared key/value head to its query heads; the others run troll.attention's `gqa_sdpa` where
-the model is built with it: on CPU, a model with grouped-query attention). Each variant's task is loaded with its own
-settings. Reported: the phases, each variant's paired ratio to today's step, and the step's least FLOPs
-(`bench._flops.step_flops`: each prompt once per pass, each completion token once) over its median time, as a fraction
-of this machine's float32 matmul rate at the model's shapes (`bench._flops.matmul_rate`). Target: the best variant at
-most a third of today's step.
+attention (which copies each shared key/value head to its query heads; the others run troll.models.attention's
+`gqa_sdpa` where the model is built with it: on CPU, a model with grouped-query attention). Each variant's task is
+loaded with its own settings. Reported: the phases, each variant's paired ratio to today's step, and the step's least
+FLOPs (`bench._flops.step_flops`: each prompt once per pass, each completion token once) over its median time, as a
+fraction of this machine's float32 matmul rate at the model's shapes (`bench._flops.matmul_rate`). Target: the best
+variant at most a third of today's step.
 
 OMP_WAIT_POLICY=PASSIVE is set (unless the environment sets it) before torch is imported: with the default
 spinning OpenMP threads a small CPU model runs up to 10x slower when another process competes for the cores.
@@ -79,14 +79,14 @@ import torch  # noqa: E402
 import troll.train as train  # noqa: E402
 from bench._flops import matmul_rate, step_flops  # noqa: E402
 from bench._util import REWARDS, cpu_user, int_at_least, median, ratio  # noqa: E402
-from troll.cli import Parser, UsageError, run_command
-from troll.config import Config  # noqa: E402
+from troll.base.cli import Parser, UsageError, run_command
+from troll.base.config import Config  # noqa: E402
 from troll.losses import LOSSES  # noqa: E402
-from troll.policy import build_model  # noqa: E402
-from troll.start import check_size, check_step, make_generator, make_optimizer  # noqa: E402
-from troll.task import load_task  # noqa: E402
-from troll.warmstart import warm_start_task  # noqa: E402
-from troll.watch import textbook_clip  # noqa: E402
+from troll.models.build import build_model  # noqa: E402
+from troll.run.start import check_size, check_step, make_generator, make_optimizer  # noqa: E402
+from troll.run.warmstart import warm_start_task  # noqa: E402
+from troll.tasks.task import load_task  # noqa: E402
+from troll.tools.watch import textbook_clip  # noqa: E402
 
 PROG = "python bench/step.py"  # the name in each of its lines, argparse's own and run_command's
 
@@ -95,7 +95,7 @@ VARIANTS = {
     "troll": {"loss": "troll"},
     "troll-paper": {"loss": "troll", "support": "paper"},
     "clip": {"loss": "ppo_clip"},
-    "textbook": {"loss": "ppo_clip", "logits_chunk": 0},  # its loss: troll.watch.textbook_clip (below)
+    "textbook": {"loss": "ppo_clip", "logits_chunk": 0},  # its loss: troll.tools.watch.textbook_clip (below)
 }
 TROLLS = ("troll", "troll-paper")
 # --compare levers: the preset's own loss, today's per-sample path against the levers that remove repeated work
@@ -103,7 +103,8 @@ LEVERS = {
     "today": {"share_prompt": False, "minibatch_by": "sample", "system": None},
     "shared": {"share_prompt": True, "minibatch_by": "group", "system": None},  # exact, and whole groups
     "shared+system": {"share_prompt": True, "minibatch_by": "group", "system": ""},  # an empty system message
-    # the shared step with transformers' own sdpa attention, which copies shared key/value heads (troll.attention)
+    # the shared step with transformers' own sdpa attention, which copies shared key/value heads
+    # (troll.models.attention)
     "shared, repeat_kv": {"share_prompt": True, "minibatch_by": "group", "system": None, "attention": "sdpa"},
 }
 
@@ -185,7 +186,7 @@ def main() -> None:
     ap = Parser(
         prog=PROG,
         description=__doc__.split("\n")[0],
-        epilog="Other flags go to troll.config.Config (e.g. --backend vllm).",
+        epilog="Other flags go to troll.base.config.Config (e.g. --backend vllm).",
     )
     ap.add_argument("--repeats", type=int_at_least(1), default=10, help="measured rounds (each runs both variants)")
     ap.add_argument("--warmup", type=int_at_least(0), default=2, help="untimed rounds first")
@@ -201,9 +202,9 @@ def main() -> None:
 
     t0 = time.perf_counter()
     torch.manual_seed(cfg.seed)
-    check_size(cfg)  # what --vocab_size implies, before the model is built (troll.start)
+    check_size(cfg)  # what --vocab_size implies, before the model is built (troll.run.start)
     model, tokenizer = build_model(cfg, device)
-    check_step(cfg, model)  # what the counts imply for this model, in one line before any step (troll.start)
+    check_step(cfg, model)  # what the counts imply for this model, in one line before any step (troll.run.start)
     vocab = len(tokenizer)
     try:
         task, _ = load_task(cfg, tokenizer)
@@ -213,7 +214,7 @@ def main() -> None:
         warm_start_task(cfg, model, tokenizer, task)  # prints its record
     variants = VARIANTS if a.compare == "losses" else LEVERS
     settings = {name: {k: x for k, x in v.items() if k != "attention"} for name, v in variants.items()}
-    built = model.config._attn_implementation  # troll.attention's on CPU where the model shares key/value heads
+    built = model.config._attn_implementation  # troll.models.attention's on CPU where the model shares key/value heads
     attention = {name: v.get("attention", built) for name, v in variants.items()}
     tasks = {name: load_task(dataclasses.replace(cfg, **v), tokenizer)[0] for name, v in settings.items()}
     for t in tasks.values():  # each variant's prompts (a system message changes them), the same problems

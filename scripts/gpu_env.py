@@ -8,8 +8,8 @@ pin (tokenizers, safetensors, huggingface_hub, accelerate) are listed with their
 reported, never fatal: the lease runs with what the machine has, and the report says which versions ran. So is a
 pins file that is missing or damaged (not UTF-8, not TOML, a line that is no requirement), and torch or `packaging`
 that does not import: a line each, naming the file and line, and the last line says which pins were not checked.
-Exit 0 always (a report; Ctrl-C is one line, troll.cli.run_command); nothing but the standard library, troll.cli,
-`packaging` and torch is imported.
+Exit 0 always (a report; Ctrl-C is one line, troll.base.cli.run_command); nothing but the standard library,
+troll.base.cli, `packaging` and torch is imported.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from pathlib import Path
 import tomllib  # Python >= 3.11 (the lease machine has 3.12)
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # troll.cli from this checkout (nothing is installed on the lease machine)
+sys.path.insert(0, str(ROOT))  # troll.base.cli from this checkout (nothing is installed on the lease machine)
 
-from troll.cli import run_command  # noqa: E402
+from troll.base.cli import run_command  # noqa: E402
 
 try:
     from packaging.requirements import InvalidRequirement, Requirement

@@ -4,12 +4,12 @@
     bash scripts/gpu_lease.sh OUT              # there (device tool: carry .whl): about 8 minutes on an H100
     bash scripts/gpu_lease.sh --cpu OUT        # here: the rehearsal, the same parts at CPU sizes (a few minutes)
 
-(scripts/gpu_lease.sh runs this file with $PYTHON, default python3: the standard library and troll.cli, nothing
+(scripts/gpu_lease.sh runs this file with $PYTHON, default python3: the standard library and troll.base.cli, nothing
 else, so it runs on a machine with no network and no package index.)
 
 Parts, each written into OUT as it runs, so a lease stopped at its limit still returns what finished:
   env.txt         GPU, driver (nvidia-smi), torch, CUDA, every package troll imports against its pin
-  checks.txt      python -m troll.check at the gsm8k-qwen2.5-0.5b, gsm8k-qwen3-1.7b-lora and gsm8k-qwen3-4b-lora
+  checks.txt      troll check at the gsm8k-qwen2.5-0.5b, gsm8k-qwen3-1.7b-lora and gsm8k-qwen3-4b-lora
                   shapes: random-weight stand-ins, transformers backend, bf16, a small batch (--cpu: --shape tiny);
                   its update comparison is the whole-update table: TROLL, this repository's PPO-clip and the
                   textbook clip (whole logits, one log-softmax), time and peak memory
@@ -52,9 +52,9 @@ from pathlib import Path
 from typing import NoReturn
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # troll.cli from this checkout (nothing is installed on the lease machine)
+sys.path.insert(0, str(ROOT))  # troll.base.cli from this checkout (nothing is installed on the lease machine)
 
-from troll.cli import Parser, UsageError, run_command  # noqa: E402
+from troll.base.cli import Parser, UsageError, run_command  # noqa: E402
 
 PROG = "bash scripts/gpu_lease.sh"
 BUDGET_S = 480  # LEASE_BUDGET_S's default
@@ -85,12 +85,12 @@ def plan(cpu: bool, py: str, work: Path) -> list[Part]:
     # first, the whole update at the GSM8K presets' shapes (stand-ins: no hub here), transformers backend: the
     # acceptance check, whose update comparison times TROLL, this repository's clip and the textbook clip
     if cpu:
-        check = f"-m troll.check --shape tiny --backend hf --device cpu --steps 1 --out {out('check-tiny')}"
+        check = f"-m troll check --shape tiny --backend hf --device cpu --steps 1 --out {out('check-tiny')}"
         parts.append(part("check-tiny", "checks.txt", 120, check))
     else:
         for preset in ("gsm8k-qwen2.5-0.5b", "gsm8k-qwen3-1.7b-lora", "gsm8k-qwen3-4b-lora"):
             check = (
-                f"-m troll.check --preset {preset} --model standin --backend hf --prompts 4 --samples 4 "
+                f"-m troll check --preset {preset} --model standin --backend hf --prompts 4 --samples 4 "
                 f"--max_new_tokens 64 --eval_size 4 --steps 2 --repeats 2 --out {out(f'check-{preset}')}"
             )
             parts.append(part(f"check-{preset}", "checks.txt", 180, check))
@@ -108,7 +108,7 @@ def plan(cpu: bool, py: str, work: Path) -> list[Part]:
     for seed in (0,) if cpu else (0, 1, 2):
         for loss in ("troll", "ppo_clip"):
             train = (
-                f"-m troll.train --preset tiny-rare --loss {loss} --seed {seed} --vocab_size {vocab} --device {device} "
+                f"-m troll train --preset tiny-rare --loss {loss} --seed {seed} --vocab_size {vocab} --device {device} "
                 f"--steps {steps} --eval_every {steps} --save_every {steps} --out {out(f'rare-{loss}-{seed}')}"
             )
             parts.append(part(f"rare-{loss}-seed{seed}", "rare.txt", 120, train))
@@ -187,7 +187,7 @@ def raise_stopped(signum: int, frame: object) -> None:
 
 
 def signal_group(proc: subprocess.Popen, signum: int) -> None:
-    """`signum` to the part's process group (its own session: pytest's and troll.check's children included)."""
+    """`signum` to the part's process group (its own session: pytest's and troll.tools.check's children included)."""
     try:
         os.killpg(proc.pid, signum)
     except ProcessLookupError:  # every process of the group has ended

@@ -9,7 +9,7 @@
 # file (env checks projection tests rare) or by the name lease.log gives them. Each setting and OUT (a new or empty
 # folder you can write to) is checked before anything is written; Ctrl-C stops the running part and the rest,
 # keeps what finished and says so. The parts, their files and the exit statuses: scripts/gpu_lease.py, which this
-# runs with $PYTHON (default python3; the standard library and troll.cli only: no network, no package index needed).
+# runs with $PYTHON (default python3; the standard library and troll.base.cli only: no network, no package index needed).
 PY=${PYTHON:-python3}
 if ! command -v "$PY" >/dev/null; then
     echo "bash scripts/gpu_lease.sh: error: PYTHON=$PY is not a command: set PYTHON to the project's Python" >&2

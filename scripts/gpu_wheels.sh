@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The wheels a GPU lease machine lacks, downloaded here into .whl/ (git ignores it) for scripts/gpu_lease.sh to
 # install there with no network. That machine (docs/usage.md, "On a rented GPU") has Python 3.12, torch with CUDA,
-# transformers, peft, accelerate, pytest, scipy and matplotlib, and no math-verify (troll.gsm8k imports it at the
+# transformers, peft, accelerate, pytest, scipy and matplotlib, and no math-verify (troll.tasks.gsm8k imports it at the
 # top), no vLLM, TRL or datasets (troll imports those only where they are used; the lease runs none of them).
 #   bash scripts/gpu_wheels.sh       # prints the wheels' and the tree's size: they travel together, <= 64 MiB
 # The new wheels are downloaded into .whl/.new and replace the earlier ones only once every one is there and the

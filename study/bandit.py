@@ -33,7 +33,7 @@ asked of the project's own losses on the project's own sparse old policy. Design
   `ACTS`) cannot act and is refused in one line (study/runner.py).
 - Figures (`--figures DIR`): bandit_steps.png and bandit_curves.png, each marked with the PNG text
   Software=study.bandit and replacing only a figure so marked; a foreign file, a folder or a symbolic link of those
-  names is refused before anything is drawn (study.runner.check_figures, troll.outputs).
+  names is refused before anything is drawn (study.runner.check_figures, troll.base.outputs).
 - Report: per cell and variant, means over seeds and paired differences to PPO-clip 0.2 (`BASELINE`) on the same
   seed with 95% t-intervals (study.runner.t_interval) of the focus context's steps to the threshold (the good
   token at 0.005, the issue's rank 20) and of `auc`; then best against best: each loss at its own best setting in
@@ -73,8 +73,8 @@ from study.runner import (
     t_interval,
     workers,
 )
-from troll.cli import Parser, run_command
-from troll.schema import Spec
+from troll.base.cli import Parser, run_command
+from troll.base.schema import Spec
 
 FOCUS = 2  # the context reported in the table: the good token at 0.005 (rank 21 of 32,000; the issue's rank 20)
 VARIANTS: dict[str, tuple[str, dict]] = {
@@ -99,7 +99,7 @@ DEFAULTS = ("troll-0.05", "clip-0.2", "clip-higher", "dppo", "cispo")  # each lo
 BASELINE = "clip-0.2"
 SEEDS = (0, 1, 2, 3, 4)
 PROG = "python -m study.bandit"
-MARK = "study.bandit"  # its figures carry the PNG text Software=study.bandit: its own (troll.outputs)
+MARK = "study.bandit"  # its figures carry the PNG text Software=study.bandit: its own (troll.base.outputs)
 
 CELLS = {
     "issue": Cell("clean", 4, 0.1, 32_000),

@@ -28,7 +28,7 @@ Design, stated once:
 - Measured per run: p(good) per context after every step; the steps until p(good) >= THRESHOLD = 0.5 (censored:
   steps + 1 when it never does); the policy's expected reward after every step (mean over contexts; the best is 1
   clean, 0.6 noisy) and its mean over the run (`auc`: speed and level in one number); the exact KL(p_new || p_old)
-  of each step's update over all V (troll.diagnostics.dense_kl, float64) per context; and collapse: a context
+  of each step's update over all V (troll.run.diagnostics.dense_kl, float64) per context; and collapse: a context
   ends with a token other than the good one holding more than half of the mass and the good token below its
   initial probability (or a non-finite logit, which ends the run).
 """
@@ -121,8 +121,8 @@ def simulate(
     import torch
 
     from troll.advantages import grpo
-    from troll.diagnostics import dense_kl
     from troll.losses import LOSSES
+    from troll.run.diagnostics import dense_kl
     from troll.sparse import sparsify
 
     start = time.time()

@@ -6,7 +6,7 @@
 `plot_study` draws accuracy after RL against off-policyness per loss, and the distribution of the network's
 per-update KL per loss. A missing, empty or damaged results file exits 2 with one line naming it.
 
-Its own files only (troll.outputs): each figure carries the PNG text Software=study.figures, and replaces a file of
+Its own files only (troll.base.outputs): each figure carries the PNG text Software=study.figures, and replaces a file of
 its name in --out only when that file carries it (a figure it wrote before). Someone else's file of that name, a
 figure without the mark (the committed ones made before it), a folder or a symbolic link there is refused in one
 line before anything is drawn, unchanged: move it away, or choose another --out.
@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import NoReturn
 
 from study.runner import ACCURACY, LR, NAME, PER_STEP, SEED, check_figures, check_rows, save
-from troll.checkpoint import read_jsonl
-from troll.cli import Parser, UsageError, run_command
-from troll.schema import Spec
+from troll.base.checkpoint import read_jsonl
+from troll.base.cli import Parser, UsageError, run_command
+from troll.base.schema import Spec
 
 # the fields of a results row that the figures read, as declared (study.runner.check_rows)
 FIELDS = {
@@ -31,7 +31,7 @@ FIELDS = {
     "eval_after": ACCURACY, "kl_update_mean": PER_STEP, "kl_update_max": PER_STEP,
 }  # fmt: skip
 FIGURES = ("accuracy_vs_off_policy.png", "kl_update.png")  # what plot_study writes into --out
-MARK = "study.figures"  # its figures carry the PNG text Software=study.figures: its own (troll.outputs)
+MARK = "study.figures"  # its figures carry the PNG text Software=study.figures: its own (troll.base.outputs)
 
 
 def read_results(path: str | Path) -> list[dict]:

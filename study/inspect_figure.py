@@ -6,15 +6,15 @@
 
 writes, under --out (default docs/figures):
 
-    inspect_tiny_rare/troll/, inspect_tiny_rare/ppo/   each run's config.json, tokens.jsonl (troll.records) and
+    inspect_tiny_rare/troll/, inspect_tiny_rare/ppo/   each run's config.json, tokens.jsonl (troll.run.records) and
                                                        metrics.jsonl with its evaluation rows only ({"step",
-                                                       "eval_acc"}: troll.inspect reads the accuracy there; the
+                                                       "eval_acc"}: troll.tools.inspect reads the accuracy there; the
                                                        other rows hold wall-clock times, which no two runs share)
-    inspect_tiny_rare.png                              `python -m troll.inspect troll ppo --step STEP` in headless
+    inspect_tiny_rare.png                              `troll inspect troll ppo --step STEP` in headless
                                                        Chromium at the page's default view, the shared sample's `#`
                                                        pinned in both panels
 
-The runs train as `python -m troll.train --preset tiny-rare --records_every 5 [--loss ppo_clip]` with PyTorch, MKL
+The runs train as `troll train --preset tiny-rare --records_every 5 [--loss ppo_clip]` with PyTorch, MKL
 and oneDNN held to their AVX2 kernels and 2 threads, and MKL in its strict reproducible mode (PINNED), so that the
 CPU's make and the thread count do not enter the bytes (tests/test_inspect.py checks the committed files against a
 fresh run). What is shown and what is not: MKL's documentation promises its strict AVX2 mode the same gemm results on
@@ -22,7 +22,7 @@ every Intel CPU with AVX2 whatever the thread count; on one Intel Xeon with AVX-
 bytes, and 1 thread gives the bytes of 2. No second CPU was at hand to compare with, and on other makers' CPUs
 (AMD) MKL takes its own code paths, which this mode does not cover (docs/results.md, "The token inspector's
 figure"). The folders are the command's own (a marker,
-troll.outputs): a file it did not write there is refused in one line, never replaced; so is a figure without its
+troll.base.outputs): a file it did not write there is refused in one line, never replaced; so is a figure without its
 mark (PNG text Software=study.inspect_figure). Every check comes before the first run.
 """
 
@@ -39,15 +39,15 @@ import tempfile
 import zlib
 from pathlib import Path
 
-from troll import outputs
-from troll.cli import Parser, UsageError, run_command
+from troll.base import outputs
+from troll.base.cli import Parser, UsageError, run_command
 
 PROG = "python -m study.inspect_figure"
 ROOT = Path(__file__).resolve().parent.parent
 STEP = 10  # the step the screenshot shows: both runs sample the same rewarded `#` completion there
 RUNS = {"troll": [], "ppo": ["--loss", "ppo_clip"]}  # each folder's extra flags on README's command
 FILES = ("config.json", "tokens.jsonl", "metrics.jsonl")
-BY = "study.inspect_figure"  # the name that marks its files (troll.outputs)
+BY = "study.inspect_figure"  # the name that marks its files (troll.base.outputs)
 # The runs' kernels, whatever the CPU: ATen's and oneDNN's AVX2 code, and MKL's AVX2 branch in strict conditional
 # numerical reproducibility (MKL_CBWR). Without MKL_CBWR, MKL picks its kernels and blocking by the CPU's model and
 # cache sizes; in strict mode its gemm (the only MKL routine these runs call: MKL_VERBOSE) gives the same bits on
@@ -73,7 +73,8 @@ def browse(url: str, *flags: str) -> subprocess.CompletedProcess:
 
 
 def marked_png(png: bytes, by: str) -> bytes:
-    """`png` with the text entry Software=<by> after its header chunk (troll.outputs.figure tells its own by it)."""
+    """`png` with the text entry Software=<by> after its header chunk (troll.base.outputs.figure tells its own by
+    it)."""
     if png[:8] != outputs.PNG_SIGNATURE:
         raise UsageError("the browser wrote no PNG screenshot: run it again, or pass --records_only")
     body = b"tEXt" + b"Software\0" + by.encode()
@@ -85,7 +86,7 @@ def marked_png(png: bytes, by: str) -> bytes:
 def train(work: Path, name: str) -> Path:
     """README's tiny-rare run `name` in `work` (its config.json names runs/tiny-rare-<name>, as README's does)."""
     out = f"runs/tiny-rare-{name}"
-    argv = [sys.executable, "-m", "troll.train", "--preset", "tiny-rare", "--records_every", "5", *RUNS[name],
+    argv = [sys.executable, "-m", "troll", "train", "--preset", "tiny-rare", "--records_every", "5", *RUNS[name],
             "--out", out]  # fmt: skip
     env = os.environ | PINNED | {"PYTHONPATH": str(ROOT)}
     done = subprocess.run(argv, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -98,8 +99,8 @@ def train(work: Path, name: str) -> Path:
 
 def files_of(run: Path) -> dict[str, bytes]:
     """What the figure keeps of a run: its config, its records and its evaluations (metrics.jsonl read through its
-    schema, troll.runfiles)."""
-    from troll.runfiles import read_metrics
+    schema, troll.run.runfiles)."""
+    from troll.run.runfiles import read_metrics
 
     evals = [{"step": r["step"], "eval_acc": r["eval_acc"]} for r in read_metrics(run) if "eval_acc" in r]
     return {"config.json": (run / "config.json").read_bytes(), "tokens.jsonl": (run / "tokens.jsonl").read_bytes(),
@@ -108,9 +109,9 @@ def files_of(run: Path) -> dict[str, bytes]:
 
 def pins(folder: Path) -> str:
     """The page address's pins: the `#` of the first sample at STEP that both runs drew alike, in both panels
-    (tokens.jsonl read through troll.records' schema)."""
-    from troll import records
-    from troll.inspect import at_step
+    (tokens.jsonl read through troll.run.records' schema)."""
+    from troll.run import records
+    from troll.tools.inspect import at_step
 
     rows = {name: at_step(records.read(folder / name), STEP) for name in RUNS}
     other = {s["index"]: s["text"] for s in rows["ppo"]["samples"]}
@@ -147,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"wrote {marked.folder}/{{{','.join(FILES)}}}")
         if args.records_only:
             return
-        from troll import inspect
+        from troll.tools import inspect
 
         page = work / "page.html"
         with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet), contextlib.chdir(work):

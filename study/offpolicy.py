@@ -42,14 +42,14 @@ Design, stated once:
 - LoRA (`--settings lora8`): adapters (rank 8, alpha 16, all-linear) on the seed's frozen warm-start, for every
   loss. Where a loss ran both, the report adds LoRA at its own best learning rate against full fine-tuning
   (`default`) at its own, paired, and the same with the learning rates chosen without each seed (`lora_vs_full`).
-- Task (`--task rare --vocab_size N`): the rare-behaviour variant (troll.addition); its warm-start records how often
-  the behaviour appears, its rows the behaviour's rate per step, and the report how fast each loss adopts it.
+- Task (`--task rare --vocab_size N`): the rare-behaviour variant (troll.tasks.addition); its warm-start records how
+  often the behaviour appears, its rows the behaviour's rate per step, and the report how fast each loss adopts it.
 - Modes: a run (or --dry-run), --report, --figures (the last two together too). A flag given that cannot act in
   the command's modes (`ACTS`) is refused in one line (study/runner.py): the run's flags (the grid, --out, --task,
   --jobs, --dry-run, ...) with --report or --figures, which read only the results file; --threshold (the rare
   task's adoption) without --report or --figures, --baseline (the table's pairing) without --report, --name (the
   figures' file names) without --figures.
-- Its own files only (troll.outputs): a warm-start is made in a new folder of its own and renamed to
+- Its own files only (troll.base.outputs): a warm-start is made in a new folder of its own and renamed to
   <out>/warm-s<seed> when it is whole (onto nothing, or an empty folder); its log, <out>/warm-s<seed>.log, starts
   with the line `WARM_LOG` and is written whole (also when the warm-start fails), replacing only a log of its own.
   The figures carry the PNG text Software=study.offpolicy and replace only figures so marked. A file, folder or
@@ -116,9 +116,11 @@ from study.runner import (
     train_run,
     workers,
 )
-from troll import outputs, plot, runfiles
-from troll.cli import Parser, UsageError, fail, run_command
-from troll.config import Config, settings
+from troll.base import outputs
+from troll.base.cli import Parser, UsageError, fail, run_command
+from troll.base.config import Config, settings
+from troll.run import runfiles
+from troll.tools import plot
 
 PROG = "python -m study.offpolicy"
 WARM_LOG = "# python -m study.offpolicy: the warm-start of seed {seed}"  # a warm-start log's first line: its own
@@ -130,10 +132,10 @@ def warm_start(seed: int, args: argparse.Namespace) -> dict:
     """The main job's warm-start for `seed`, saved to warm_dir (model, tokenizer, warm.json written last)."""
     import torch
 
-    from troll.harness import device_of
-    from troll.policy import build_model
-    from troll.task import load_task
-    from troll.warmstart import warm_start_task
+    from troll.models.build import build_model
+    from troll.run.harness import device_of
+    from troll.run.warmstart import warm_start_task
+    from troll.tasks.task import load_task
 
     out = warm_dir(args, seed)
     cfg = Config(seed=seed, sft_steps=args.sft_steps, task=args.task, vocab_size=args.vocab_size, out=str(out))
@@ -186,7 +188,7 @@ def behaviour_rate(cfg: Config, model, tokenizer, task, prompts: int = 1024, sam
     import torch
 
     from troll.rollout import HFGenerator
-    from troll.task import decode_rollouts, encode
+    from troll.tasks.task import decode_rollouts, encode
 
     generator, texts, golds = HFGenerator(model, tokenizer), [], []
     for i in range(0, prompts, 128):  # 128 prompts at a time: the sampler's memory stays small at a large V
@@ -267,11 +269,11 @@ def parser() -> Parser:
         "--task",
         default="addition",
         choices=list(TASKS),
-        help="the main job's task, or its rare-behaviour variant (troll.addition); default: %(default)s",
+        help="the main job's task, or its rare-behaviour variant (troll.tasks.addition); default: %(default)s",
     )
     p.add_argument("--vocab_size", type=int, default=0,
-                   help="the warm-start's tokenizer grown to this many tokens (troll.tiny.pad_vocab; 0: its 260); "
-                   "default: %(default)s")  # fmt: skip
+                   help="the warm-start's tokenizer grown to this many tokens (troll.models.tiny.pad_vocab; 0: its "
+                   "260); default: %(default)s")  # fmt: skip
     p.add_argument(
         "--threshold",
         type=float,

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from study.runner import ACCURACY, FLOAT, LR, NAME, SEED, one_of
-from troll.config import Config
-from troll.schema import Spec
+from troll.base.config import Config
+from troll.base.schema import Spec
 
 SOURCES: dict[str, dict] = {
     "none": {},

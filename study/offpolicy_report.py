@@ -12,7 +12,7 @@ from pathlib import Path
 from study.offpolicy_grid import ANCHORS, BASELINE, LOSSES, SETTINGS, SOURCES, THRESHOLD, setting_of
 from study.runner import paired_diffs, pm, save, t_interval
 
-MARK = "study.offpolicy"  # its figures carry the PNG text Software=study.offpolicy: its own (troll.outputs)
+MARK = "study.offpolicy"  # its figures carry the PNG text Software=study.offpolicy: its own (troll.base.outputs)
 
 
 def _cell_order(key: tuple) -> tuple:

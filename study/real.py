@@ -7,9 +7,9 @@
         --out runs/real-smoke --results runs/real-smoke/results.jsonl       # a rehearsal: a few minutes
 
 Design, stated once:
-- The runs are the `smollm2-words` preset's (troll.config.PRESETS; `PRESET`): SmolLM2-135M-Instruct
-  (troll.packaged, by name) on arithmetic word problems asked and scored as GSM8K is (troll.words), chat prompts,
-  8 prompts x 4 samples a step, 4 minibatches, 20 RL steps, held-out accuracy (greedy pass@1) on 100 problems
+- The runs are the `smollm2-words` preset's (troll.base.config.PRESETS; `PRESET`): SmolLM2-135M-Instruct
+  (troll.models.packaged, by name) on arithmetic word problems asked and scored as GSM8K is (troll.tasks.words), chat
+  prompts, 8 prompts x 4 samples a step, 4 minibatches, 20 RL steps, held-out accuracy (greedy pass@1) on 100 problems
   every 10 steps. A run changes only what the study varies: the loss, the learning rate, the seed, where it starts
   (`--model <the seed's warm-start> --sft_steps 0`) and, where given, `--steps` and `--eval_size`; it keeps a
   checkpoint every 10 steps (the preset's 20), so an interrupted run loses at most 10 steps. `config` checks that
@@ -32,7 +32,7 @@ Design, stated once:
   workers with cores / N torch threads each (study/runner.py).
 - Results (`--results`, JSONL, default study/real.jsonl): one row per finished run, merged by name after every run
   (study/runner.py): the run (loss, lr, seed, model), held-out accuracy before RL, after, at best and at every
-  evaluation, the reward per step, seconds per RL step (the sum of the step's timed phases, troll.diagnostics) and
+  evaluation, the reward per step, seconds per RL step (the sum of the step's timed phases, troll.run.diagnostics) and
   the run's wall time, the trust region's statistics per step and their means (`TR_KEYS`, those metrics.jsonl
   holds: the share of tokens projected / clipped / masked, KL(p || q) before and after the projection, TROLL's
   sparse support size, the ratio's range; the network's exact update KL where a run measured it), and the run's
@@ -57,25 +57,32 @@ Design, stated once:
 - Modes: a run (or --dry-run) and --report. A flag typed that cannot act in the command's mode is refused in one
   line (study/runner.py): every run flag with --report, which reads only the results file, and --sweep_seeds with
   a single lr (there is no sweep). A list flag's value given twice is refused (study/runner.py).
-- Its own files only (troll.outputs): a warm-start is made in a new folder of its own and renamed to
+- Its own files only (troll.base.outputs): a warm-start is made in a new folder of its own and renamed to
   <out>/warm-s<seed> when whole (onto nothing or an empty folder); its log <out>/warm-s<seed>.log starts with the
-  line `WARM_LOG` and replaces only a log of its own; a run writes only in its own folder (troll.harness). A file,
+  line `WARM_LOG` and replaces only a log of its own; a run writes only in its own folder (troll.run.harness). A file,
   folder or link of those names that the study did not write is refused in one line before anything is written.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import statistics
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from functools import partial
 from pathlib import Path
 
+from study.real_report import LOSSES, best_lr, report
+from study.real_warm import (
+    MODELS,
+    PRESET,
+    check_warm_starts,
+    preset,
+    warm_dir,
+    warm_record,
+    warm_start,
+)
 from study.runner import (
     ACCURACY,
     LR,
@@ -87,34 +94,25 @@ from study.runner import (
     inert_flag,
     jobs_problem,
     one_of,
-    paired_diffs,
-    pm,
     read_results,
     report_rows,
     run_all,
-    save_warm,
-    t_interval,
     train_run,
     workers,
 )
-from troll import outputs, plot
-from troll.cli import Parser, UsageError, run_command
-from troll.config import PRESETS, Config, settings
-from troll.schema import Spec
+from troll.base.cli import Parser, UsageError, run_command
+from troll.base.config import PRESETS, Config, settings
+from troll.base.schema import Spec
+from troll.tools import plot
 
 PROG = "python -m study.real"
-PRESET = "smollm2-words"
-# --model: the preset's model, or the tiny local one for rehearsals (its prompt limit: module docstring)
-MODELS: dict[str, dict] = {"smollm2-135m-instruct": {}, "tiny": dict(model="tiny", max_prompt_len=256)}
-LOSSES = ("troll", "ppo_clip", "dppo", "cispo")
 DEFAULT_LOSSES = ("troll", "ppo_clip")
 LRS = (5e-6, 1e-5, 2e-5)
 SEEDS = (0, 1, 2)
-BASELINE = "ppo_clip"
 # The settings that ask and score a problem: every run keeps the preset's (`config` checks)
 ASKED = ("task", "chat", "data", "reverse_sum", "max_prompt_len", "max_new_tokens", "temperature", "prompts_per_step",
          "samples_per_prompt", "minibatches", "epochs", "advantage", "agg", "level", "eval_every")  # fmt: skip
-# The trust region's statistics a row keeps per step where metrics.jsonl has them (troll.losses, troll.diagnostics)
+# The trust region's statistics a row keeps per step where metrics.jsonl has them (troll.losses, troll.run.diagnostics)
 TR_KEYS = ("frac_active", "kl_before_mean", "kl_before_max", "kl_after_mean", "kl_after_max", "kl_update_mean",
            "kl_update_max", "dual_support_size_mean", "ratio_min", "ratio_max", "entropy", "grad_norm")  # fmt: skip
 # The built-in time figures, used until this study has finished runs of the model: SmolLM2's measured on the
@@ -127,7 +125,6 @@ MEASURED = {
                               "source": "built-in figures measured with the 2 cores shared (study/real.py MEASURED)"},
     "tiny": {"step_s": 2.5, "eval_s": 2.0, "warm_s": 30.0, "source": "built-in figures (study/real.py MEASURED)"},
 }  # fmt: skip
-WARM_LOG = "# python -m study.real: the warm-start of seed {seed}"  # a warm-start log's first line: its own
 # What a results row holds that the study reads, as declared (study.runner.check_rows): another study's rows lack
 # step_s. The run's steps, evaluation size and time (the calibration's figures) are read where a row has them.
 FIELDS = {
@@ -154,11 +151,6 @@ class Run:
 # ----------------------------------------------------------------------------- the runs and their configs
 
 
-def preset(model: str) -> dict:
-    """The preset's settings for `model` (`MODELS`)."""
-    return PRESETS[PRESET] | MODELS[model]
-
-
 def sweep_seeds(args: argparse.Namespace) -> list[int]:
     return list(args.seeds[: args.sweep_seeds])
 
@@ -182,15 +174,6 @@ def every_run(args: argparse.Namespace) -> list[Run]:
     return [Run(loss, lr, seed) for seed in args.seeds for lr in args.lrs for loss in args.losses]
 
 
-def warm_dir(args: argparse.Namespace, seed: int) -> Path:
-    return Path(args.out) / f"warm-s{seed}"
-
-
-def warm_config(args: argparse.Namespace, seed: int) -> Config:
-    """The seed's warm-start: the preset's, at most --sft_steps supervised steps."""
-    return Config(**(preset(args.model) | dict(seed=seed, sft_steps=args.sft_steps, out=str(warm_dir(args, seed)))))
-
-
 def config(run: Run, args: argparse.Namespace) -> Config:
     """The run's troll.train config: the preset's, from the seed's warm-start, with the run's loss, lr and seed
     (module docstring); a setting of `ASKED` that is not the preset's is a ValueError."""
@@ -203,90 +186,6 @@ def config(run: Run, args: argparse.Namespace) -> Config:
     if changed := [f for f in ASKED if getattr(cfg, f) != getattr(asked, f)]:
         raise ValueError(f"run {run.name} would not ask the preset's problems: {', '.join(changed)} changed")
     return cfg
-
-
-# ----------------------------------------------------------------------------- the warm-starts
-
-
-def warm_log(args: argparse.Namespace, seed: int) -> outputs.Target:
-    """<out>/warm-s<seed>.log, the warm-start's output: the study's own when it starts with its line (WARM_LOG)."""
-    return outputs.log_file(Path(args.out) / f"warm-s{seed}.log", WARM_LOG.format(seed=seed), "--out")
-
-
-def warm_problem(folder: Path) -> str | None:
-    """Why a warm-start may not be put at `folder` (it has no warm.json), in one line, or None: new, or an empty
-    folder, which the finished warm-start replaces whole; a link, a file or a folder with files is refused."""
-    keep = "so it is left as it is: move it away, or choose another --out"
-    if folder.is_symlink():
-        return f"{folder} is a symbolic link, where a warm-start goes, {keep}"
-    if folder.exists() and not folder.is_dir():
-        return f"{folder} is a file, where a warm-start goes, {keep}"
-    if folder.is_dir() and any(folder.iterdir()):
-        return f"{folder} holds files but no warm.json, so it is no finished warm-start of this study, {keep}"
-    return None
-
-
-def warm_record(args: argparse.Namespace, seed: int) -> dict | None:
-    """The seed's warm.json (what made it and how long it took), None when there is none."""
-    path = warm_dir(args, seed) / "warm.json"
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
-def check_warm_starts(args: argparse.Namespace) -> None:
-    """Every seed's warm-start, where one is made, is this command's (its model and step limit); one to make has
-    its folder free and its log new or the study's own. A UsageError names the first that is not."""
-    for seed in args.seeds:
-        record = warm_record(args, seed)
-        if record is None:
-            outputs.check([warm_log(args, seed)])
-            if problem := warm_problem(warm_dir(args, seed)):
-                raise UsageError(problem)
-            continue
-        made = {"model": record.get("model"), "sft_steps": record.get("sft_limit")}
-        for flag, was in made.items():
-            if was != getattr(args, flag):
-                raise UsageError(
-                    f"{warm_dir(args, seed)} was warm-started with --{flag} {was}: give that, or choose another --out"
-                )
-
-
-def same_prompts(cfg: Config, tokenizer, saved: Path, task) -> None:
-    """The tokenizer saved in `saved` asks the task's first training and held-out problems token for token as the
-    run's model does (its chat template kept; the preset's task is asked as GSM8K is: troll.gsm8k.make_prompt); a
-    UsageError if not."""
-    from transformers import AutoTokenizer
-
-    from troll.gsm8k import make_prompt
-    from troll.task import encode
-
-    again = AutoTokenizer.from_pretrained(saved)
-    questions = [r["question"] for r in task.train[:4] + task.test[:4]]
-    asked = encode(tokenizer, [task.prompt(q) for q in questions])
-    if asked != encode(again, [make_prompt(q, again, chat=cfg.chat) for q in questions]):
-        raise UsageError(f"{saved}: the saved tokenizer does not ask the preset's prompts (its chat template changed)")
-
-
-def warm_start(seed: int, args: argparse.Namespace) -> dict:
-    """The preset's warm-start for `seed`, saved whole to warm_dir (model, tokenizer, warm.json); returns its
-    record (troll.warmstart's, and `warm_s`, its wall time)."""
-    import torch
-
-    from troll.harness import device_of
-    from troll.policy import build_model
-    from troll.task import load_task
-    from troll.warmstart import warm_start_task
-
-    cfg, out, t0 = warm_config(args, seed), warm_dir(args, seed), time.time()
-    torch.manual_seed(seed)
-    model, tokenizer = build_model(cfg, device_of(cfg))
-    task, _ = load_task(cfg, tokenizer)
-    with outputs.writing(warm_log(args, seed), keep_on_error=True) as log, contextlib.redirect_stdout(log):
-        print(WARM_LOG.format(seed=seed), flush=True)  # its first line: the log is the study's own
-        record = warm_start_task(cfg, model, tokenizer, task)
-    record |= {"warm_s": round(time.time() - t0, 1)}
-    made = {"seed": seed, "model": args.model, "sft_limit": args.sft_steps, "preset": PRESET}
-    save_warm(out, model, tokenizer, made | record, warm_problem, partial(same_prompts, cfg, tokenizer, task=task))
-    return record
 
 
 # ----------------------------------------------------------------------------- results rows
@@ -341,20 +240,7 @@ def check_recorded(args: argparse.Namespace, done: dict[str, dict]) -> None:
                 )
 
 
-# ----------------------------------------------------------------------------- the best learning rate, paired
-
-
-def best_lr(rows: Sequence[dict], loss: str, without: int | None = None) -> tuple[float, list[int]] | None:
-    """The loss's best lr in `rows` and the seeds that chose it: of the lrs it ran, the one with the highest mean
-    held-out accuracy after RL over the seeds that ran every one of them (the sweep seeds; `without`: that seed
-    left out); ties go to the smaller lr. None when no such seed is left."""
-    after = {(r["lr"], r["seed"]): r["eval_after"] for r in rows if r["loss"] == loss}
-    lrs = sorted({lr for lr, _ in after})
-    seeds = sorted({s for _, s in after if s != without and all((lr, s) in after for lr in lrs)})
-    if not seeds:
-        return None
-    score = {lr: statistics.fmean(after[lr, s] for s in seeds) for lr in lrs}
-    return max(lrs, key=lambda lr: (score[lr], -lr)), seeds
+# ----------------------------------------------------------------------------- the best learning rate
 
 
 def chosen(rows: Sequence[dict], args: argparse.Namespace) -> dict[str, float] | None:
@@ -367,114 +253,11 @@ def chosen(rows: Sequence[dict], args: argparse.Namespace) -> dict[str, float] |
     return {loss: best_lr(mine, loss)[0] for loss in args.losses}
 
 
-def compare(rows: Sequence[dict], loss: str, baseline: str = BASELINE) -> dict | None:
-    """`loss` at its best lr against `baseline` at its own (`best_lr`): the mean paired difference in held-out
-    accuracy after RL over the seeds both ran, with its 95% t-interval, and the same with both lrs chosen without
-    each seed (scored on that seed only); their seconds per step. None when either has no best lr."""
-    best = {x: best_lr(rows, x) for x in (loss, baseline)}
-    if None in best.values():
-        return None
-
-    def at(x: str, lr: float) -> dict[int, dict]:
-        return {r["seed"]: r for r in sorted(rows, key=lambda r: r["seed"]) if (r["loss"], r["lr"]) == (x, lr)}
-
-    (a, a_seeds), (b, b_seeds) = best[loss], best[baseline]
-    mine, base = at(loss, a), at(baseline, b)
-    diffs = paired_diffs({s: r["eval_after"] for s, r in mine.items()}, {s: r["eval_after"] for s, r in base.items()})
-    held_out = []
-    for seed in sorted({r["seed"] for r in rows}):
-        picks = [best_lr(rows, x, without=seed) for x in (loss, baseline)]
-        if None not in picks:
-            pair = [at(x, pick[0]).get(seed) for x, pick in zip((loss, baseline), picks, strict=True)]
-            if None not in pair:
-                held_out.append(pair[0]["eval_after"] - pair[1]["eval_after"])
-    paired = sorted(set(mine) & set(base))
-    return {
-        "loss": loss, "baseline": baseline, "lr": a, "lr_baseline": b, "chosen_on": a_seeds,
-        "chosen_on_baseline": b_seeds, "n": len(diffs), "diff": t_interval(diffs) if diffs else (math.nan, math.nan),
-        "held_out_n": len(held_out), "held_out": t_interval(held_out) if held_out else (math.nan, math.nan),
-        "after": statistics.fmean(mine[s]["eval_after"] for s in paired) if paired else math.nan,
-        "after_baseline": statistics.fmean(base[s]["eval_after"] for s in paired) if paired else math.nan,
-        "step_s": statistics.fmean(r["step_s"] for r in mine.values()),
-        "step_s_baseline": statistics.fmean(r["step_s"] for r in base.values()),
-    }  # fmt: skip
-
-
-def verdict(diff: float, half: float, n: int, loss: str, baseline: str) -> str:
-    """What a paired difference and its 95% half-width say, in words."""
-    if n == 0:
-        return "no seed to pair"
-    if math.isnan(half):
-        return "nothing to conclude"
-    if diff - half <= 0 <= diff + half:
-        return f"the interval contains 0: noise, no difference between {loss} and {baseline} shown"
-    return f"the interval excludes 0: {loss if diff > 0 else baseline} ahead"
-
-
-def seeds_text(n: int) -> str:
-    return f"{n} seed{'' if n == 1 else 's'}"
-
-
-def report(rows: Sequence[dict]) -> str:
-    """`report_model` for each model of the rows (one section each where there are several)."""
-    models = [m for m in MODELS if any(r["model"] == m for r in rows)]
-    if len(models) == 1:
-        return report_model(rows)
-    return "\n\n".join(f"## {m}\n\n{report_model([r for r in rows if r['model'] == m])}" for m in models)
-
-
-def report_model(rows: Sequence[dict]) -> str:
-    """The per-run table (loss, lr) and each loss at its best lr against PPO-clip at its own, as markdown."""
-    cells: dict[tuple, list[dict]] = {}
-    for r in sorted(rows, key=lambda r: (LOSSES.index(r["loss"]), r["lr"], r["seed"])):
-        cells.setdefault((r["loss"], r["lr"]), []).append(r)
-    best = {loss: b[0] for loss in {r["loss"] for r in rows} if (b := best_lr(rows, loss))}
-
-    def mean(runs: list[dict], key: str) -> str:
-        values = [r[key] for r in runs if key in r]
-        return f"{statistics.fmean(values):.4f}" if len(values) == len(runs) else "-"
-
-    lines = [
-        "| loss | lr | seeds | before | after | gain | below start | s / step | frac active | KL(p‖q) before | "
-        "KL(p‖q) after | update KL |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for (loss, lr), runs in cells.items():
-        mark = " (best)" if best.get(loss) == lr else ""
-        lines.append(
-            f"| {loss} | {lr:g}{mark} | {','.join(str(r['seed']) for r in runs)} | "
-            f"{statistics.fmean(r['eval_before'] for r in runs):.3f} | "
-            f"{statistics.fmean(r['eval_after'] for r in runs):.3f} | "
-            f"{statistics.fmean(r['eval_after'] - r['eval_before'] for r in runs):+.3f} | "
-            f"{sum(r['eval_after'] < r['eval_before'] for r in runs)}/{len(runs)} | "
-            f"{statistics.fmean(r['step_s'] for r in runs):.1f} | {mean(runs, 'frac_active')} | "
-            f"{mean(runs, 'kl_before_mean')} | {mean(runs, 'kl_after_mean')} | {mean(runs, 'kl_update_mean')} |"
-        )
-    lines += ["", "Each loss at its own best lr (the highest mean held-out accuracy after RL over the seeds that ran "
-              "every lr; 95% t-intervals over seeds):"]  # fmt: skip
-    others = [x for x in LOSSES if x != BASELINE and x in best]
-    if BASELINE not in best:
-        lines.append(f"- no {BASELINE} run with a best lr in these results: nothing to pair with")
-    for loss in others if BASELINE in best else ():
-        c = compare(rows, loss)
-        (d, h), (dh, hh) = c["diff"], c["held_out"]
-        seeds = ",".join(map(str, c["chosen_on"]))
-        lines += [
-            f"- {loss} at lr {c['lr']:g} - {BASELINE} at lr {c['lr_baseline']:g} (chosen on seeds {seeds}), "
-            f"{seeds_text(c['n'])}: {c['after']:.3f} - {c['after_baseline']:.3f} = {pm(d, h)}: "
-            f"{verdict(d, h, c['n'], loss, BASELINE)}",
-            f"  - lrs chosen without the seed they are scored on, {seeds_text(c['held_out_n'])}: {pm(dh, hh)}: "
-            f"{verdict(dh, hh, c['held_out_n'], loss, BASELINE)}",
-            f"  - seconds per RL step at those lrs: {loss} {c['step_s']:.1f}, {BASELINE} {c['step_s_baseline']:.1f}",
-        ]
-    return "\n".join(lines)
-
-
 # ----------------------------------------------------------------------------- the time estimate
 
 
 def evaluations(args: argparse.Namespace) -> int:
-    """Held-out evaluations a run makes: before RL, every eval_every steps and at the last (troll.harness)."""
+    """Held-out evaluations a run makes: before RL, every eval_every steps and at the last (troll.run.harness)."""
     every = preset(args.model)["eval_every"]
     return 1 + sum(1 for s in range(1, args.steps + 1) if s % every == 0 or s == args.steps)
 
@@ -591,7 +374,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     args = parse(argv)
     if args.report:
         rows = report_rows(Path(args.results), PROG, FIELDS)
-        print(report(rows))
+        print(report(rows, MODELS))
         return rows
     done = read_results(Path(args.results), FIELDS, PROG)
     check_recorded(args, done)

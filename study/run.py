@@ -8,7 +8,7 @@
 
 Choices, stated once:
 - Variants (`VARIANTS`): TROLL with each sparse model (`troll-rest`, `troll-paper`), PPO-clip, DPPO (Binary-TV,
-  the trainer's default divergence) and CISPO, every other setting the `tiny-cpu` preset's (troll.config).
+  the trainer's default divergence) and CISPO, every other setting the `tiny-cpu` preset's (troll.base.config).
 - Off-policyness = minibatches x epochs, the optimiser steps taken on one RL batch from one old policy. The grid
   sets the two apart: 4x1 and 1x4 (the same count, by splitting or by passes), and 8x4. Plus 1x1, on-policy, for
   the first variant only: every ratio is 1 and p = q, so every loss here is the same policy gradient (no token
@@ -47,10 +47,10 @@ Choices, stated once:
   (its minibatch count is the grid's largest, so smaller ones are overestimated a little; a longer or shorter run
   adds or drops its mean step time per step, a different eval_size is not accounted for); each further epoch adds
   `steps` x its update time per pass. Without `<out>/calibration.json` the built-in `MEASURED` figures are used.
-- Its own files only (troll.outputs): `--calibrate` writes `<out>/calibration.json` holding "written_by":
+- Its own files only (troll.base.outputs): `--calibrate` writes `<out>/calibration.json` holding "written_by":
   "study.run", whole, and replaces only a file so marked; it runs in `<out>/calibration-<run>`, whose earlier run it
   removes only when troll marked that folder as a run's and it holds nothing but a run's files
-  (study.runner.remove_run). Anything else there, a folder or a symbolic link of those names, is refused in one line
+  (`remove_run`). Anything else there, a folder or a symbolic link of those names, is refused in one line
   before the run, unchanged.
 """
 
@@ -59,6 +59,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
@@ -71,14 +72,15 @@ from study.runner import (
     jobs_problem,
     merge_results,
     read_rows,
-    remove_run,
     run_all,
     train_run,
     workers,
 )
-from troll import outputs, plot, runfiles
-from troll.cli import Parser, fail, run_command
-from troll.config import Config, settings
+from troll.base import outputs
+from troll.base.cli import Parser, UsageError, fail, run_command
+from troll.base.config import Config, settings
+from troll.run import runfiles
+from troll.tools import plot
 
 VARIANTS: dict[str, dict] = {
     "troll-rest": dict(loss="troll", support="rest"),
@@ -96,7 +98,7 @@ SEEDS = (0, 1, 2)
 # load: docs/results.md#the-trust-region-study).
 MEASURED = {"wall_s": 28.5, "steps": 40, "step_s": 0.346, "update_pass_s": 0.184}
 PROG = "python -m study.run"
-MARK = "study.run"  # calibration.json holds "written_by": "study.run": the study's own (troll.outputs)
+MARK = "study.run"  # calibration.json holds "written_by": "study.run": the study's own (troll.base.outputs)
 # The list flags and each run's value of them (study.runner.grid_problem: no value twice, none that makes no run)
 FLAGS = {
     "variants": lambda run: run.variant,
@@ -146,7 +148,7 @@ def config(run: Run, args: argparse.Namespace) -> Config:
         sft_batch=64,  # pinned with sft_target and reverse_sum: the settings of the committed results (docstring)
         sft_target=0.0,
         reverse_sum=False,  # sums written most-significant digit first, as in the committed results
-        kl_update_vocab=4096,  # the network's exact per-update KL (troll.diagnostics), a result of the study
+        kl_update_vocab=4096,  # the network's exact per-update KL (troll.run.diagnostics), a result of the study
         out=str(Path(args.out) / run.name),
     )
 
@@ -232,13 +234,39 @@ def estimate(runs: Sequence[Run], args: argparse.Namespace) -> tuple[float, str]
 
 
 def calibration_file(args: argparse.Namespace) -> outputs.Target:
-    """<out>/calibration.json, the study's own when it holds "written_by": "study.run" (troll.outputs)."""
+    """<out>/calibration.json, the study's own when it holds "written_by": "study.run" (troll.base.outputs)."""
     return outputs.json_file(Path(args.out) / "calibration.json", MARK, "--out")
+
+
+def remove_run(out: Path) -> None:
+    """Remove the troll run in folder `out` whole, for a run that starts afresh there (study.run's calibration):
+    only a folder troll marked as a run's (troll.run.harness's marker) that holds nothing but the files a run writes
+    (troll.run.harness.RUN_FILES and START_FILES, the marker, the lock) and the study's log.txt, none of them a link.
+    Anything else is a UsageError naming it, nothing removed; a missing folder: nothing to do."""
+    from troll.run.harness import LOCK, MARKER, MARKER_KIND, RUN_FILES, START_FILES
+
+    if not out.exists() and not out.is_symlink():
+        return
+    refused = "so it is left as it is: move it away, or choose another --out"
+    if out.is_symlink() or not out.is_dir():
+        raise UsageError(f"{out} is {'a symbolic link' if out.is_symlink() else 'a file'}, where a run goes, {refused}")
+    own = {MARKER, LOCK, "log.txt", *RUN_FILES, *START_FILES}
+    other = sorted(p.name for p in out.iterdir() if p.name not in own or p.is_symlink())
+    if other:
+        shown = ", ".join(other[:4]) + (", ..." if len(other) > 4 else "")
+        raise UsageError(f"{out} holds files a troll run does not write ({shown}), {refused}")
+    try:
+        marked = json.loads((out / MARKER).read_bytes()).get("kind") == MARKER_KIND
+    except (OSError, ValueError, AttributeError):  # missing, unreadable, not JSON, not an object
+        marked = False
+    if not marked:
+        raise UsageError(f"{out} is not a folder troll marked as a run's (no {MARKER} of troll's), {refused}")
+    shutil.rmtree(out)
 
 
 def fresh_run(run: Run, cfg: Config) -> dict:
     """Train one run from the beginning: an earlier run in its folder, troll's own, is removed first
-    (study.runner.remove_run: only a folder troll marked that holds nothing but a run's files)."""
+    (`remove_run`: only a folder troll marked that holds nothing but a run's files)."""
     remove_run(Path(cfg.out))
     return execute(run, cfg)
 

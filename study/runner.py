@@ -1,4 +1,4 @@
-"""What the three studies (run.py, offpolicy.py, bandit.py) share: workers, the results file, paired statistics and
+"""What the studies (run.py, offpolicy.py, bandit.py, real.py) share: workers, the results file, paired statistics and
 the command's common branches and rules. Each study imports this module and troll, never another study.
 
 - Workers (`workers`, `each`, `run_all`): `--jobs N` runs N spawned worker processes (no fork of a process with
@@ -9,14 +9,14 @@ the command's common branches and rules. Each study imports this module and trol
   by name after every run (rows of other grids in it are kept), rewritten atomically. A torn line, a run listed
   twice with different rows, or a foreign row (`foreign_row`: one lacking a field the study reads, or naming a cell
   or loss the study does not have: another study's file), or a damaged one (`check_rows`: a field the study reads
-  not as its `FIELDS` table declares it, troll.schema's terms, e.g. an accuracy that is a string, null or 1.7) is
+  not as its `FIELDS` table declares it, troll.base.schema's terms, e.g. an accuracy that is a string, null or 1.7) is
   refused with one line naming the file and the line or run (and the field); the file is left as it was.
 - Paired statistics (`paired_diffs`, `t_interval`): differences between two variants on the same seed, and the 95%
   t-interval of their mean.
 - The command (`save`, `report_rows`, `refuse_other_settings`, `plan`, `grid_problem`, `pm`): a figure written at
   the studies' dpi, the rows for --report / --figures, a run recorded with other settings refused rather than
   counted as done, the run count and --dry-run listing, the list flags' rules and a paired difference as text.
-- Its own files only (troll.outputs): a study's figure carries the PNG text Software=<study> (study.figures,
+- Its own files only (troll.base.outputs): a study's figure carries the PNG text Software=<study> (study.figures,
   study.bandit, study.offpolicy) and replaces only a figure of that study's; every figure name is checked
   (`check_figures`) before the first is drawn, and a file of that name the study did not write, a folder or a
   symbolic link there is refused in one line, unchanged. A run's log.txt is appended to in its own (claimed) folder,
@@ -28,7 +28,7 @@ the command's common branches and rules. Each study imports this module and trol
   --figures, --calibrate); each study's table (`ACTS`: a flag -> the modes it acts in; a flag not in it acts in
   every mode) is the rule, and a flag typed on the command line that acts in none of the command's modes (the run's
   --sources with --report, the report's --baseline in a run) is refused before anything is read or written.
-A problem the user fixes ends the command with one line on stderr and exit 2 (troll.cli).
+A problem the user fixes ends the command with one line on stderr and exit 2 (troll.base.cli).
 """
 
 from __future__ import annotations
@@ -50,11 +50,11 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-from troll import outputs
-from troll.checkpoint import read_jsonl, rewrite_jsonl, rows_by_name
-from troll.cli import UsageError, fail, free_memory, gib
-from troll.config import Config
-from troll.schema import SchemaError, Spec, fields_problem, jsonl_lines
+from troll.base import outputs
+from troll.base.checkpoint import read_jsonl, rewrite_jsonl, rows_by_name
+from troll.base.cli import UsageError, fail, free_memory, gib
+from troll.base.config import Config
+from troll.base.schema import SchemaError, Spec, fields_problem, jsonl_lines
 
 # ----------------------------------------------------------------------------- workers
 
@@ -78,7 +78,7 @@ def cores() -> int:
 
 def jobs_problem(jobs: int) -> str | None:
     """Why --jobs `jobs` cannot run here, or None: its worker processes, WORKER_BYTES each, need more memory than is
-    free (troll.cli.free_memory). A study checks it with its other flags, before it writes anything."""
+    free (troll.base.cli.free_memory). A study checks it with its other flags, before it writes anything."""
     free = free_memory()
     if jobs < 2 or free is None or jobs * WORKER_BYTES <= free:
         return None
@@ -125,15 +125,16 @@ def run_all(
 
 
 def train_run(cfg: Config) -> Path:
-    """Train one run in this (worker) process, or resume it where it stopped (troll.harness: with no checkpoint
+    """Train one run in this (worker) process, or resume it where it stopped (troll.run.harness: with no checkpoint
     yet it starts from the beginning), its output to <out>/log.txt; its checkpoints are deleted once it is done."""
-    from troll.harness import claim_folder
+    from troll.run.harness import claim_folder
     from troll.train import train
 
     out = Path(cfg.out)
     if (out / "summary.json").is_file():  # finished, its results row not yet written (the caller checked its settings)
         return out
-    claim_folder(out)  # the run's folder before log.txt is written in it (troll.harness: a run writes only in its own)
+    # the run's folder before log.txt is written in it (troll.run.harness: a run writes only in its own)
+    claim_folder(out)
     path = out / "log.txt"
     if path.is_symlink():
         raise UsageError(f"{path} is a symbolic link, never written through: remove it, or choose another --out")
@@ -144,36 +145,10 @@ def train_run(cfg: Config) -> Path:
     return out
 
 
-def remove_run(out: Path) -> None:
-    """Remove the troll run in folder `out` whole, for a run that starts afresh there (study.run's calibration):
-    only a folder troll marked as a run's (troll.harness's marker) that holds nothing but the files a run writes
-    (troll.harness.RUN_FILES and START_FILES, the marker, the lock) and the study's log.txt, none of them a link.
-    Anything else is a UsageError naming it, nothing removed; a missing folder: nothing to do."""
-    from troll.harness import LOCK, MARKER, MARKER_KIND, RUN_FILES, START_FILES
-
-    if not out.exists() and not out.is_symlink():
-        return
-    refused = "so it is left as it is: move it away, or choose another --out"
-    if out.is_symlink() or not out.is_dir():
-        raise UsageError(f"{out} is {'a symbolic link' if out.is_symlink() else 'a file'}, where a run goes, {refused}")
-    own = {MARKER, LOCK, "log.txt", *RUN_FILES, *START_FILES}
-    other = sorted(p.name for p in out.iterdir() if p.name not in own or p.is_symlink())
-    if other:
-        shown = ", ".join(other[:4]) + (", ..." if len(other) > 4 else "")
-        raise UsageError(f"{out} holds files a troll run does not write ({shown}), {refused}")
-    try:
-        marked = json.loads((out / MARKER).read_bytes()).get("kind") == MARKER_KIND
-    except (OSError, ValueError, AttributeError):  # missing, unreadable, not JSON, not an object
-        marked = False
-    if not marked:
-        raise UsageError(f"{out} is not a folder troll marked as a run's (no {MARKER} of troll's), {refused}")
-    shutil.rmtree(out)
-
-
 # ----------------------------------------------------------------------------- the results file
 
 
-# The fields of a study's rows that it reads (a study's FIELDS, troll.schema's terms): each field's kind, range and
+# The fields of a study's rows that it reads (a study's FIELDS, troll.base.schema's terms): each field's kind, range and
 # allowed values (`choices`). A row that lacks a required field or holds a value not among a field's choices is
 # another study's (`foreign_row`); any other value not as declared is a damaged row (a SchemaError). Fields a table
 # does not declare may hold anything (rows carry more than their study reads).
@@ -211,7 +186,7 @@ def foreign_row(row: dict, fields: Fields) -> str:
 
 def check_rows(path: Path, rows: Sequence[dict], fields: Fields, study: str) -> None:
     """A ForeignRow naming the file, the line and what the file should hold when a row is not one of `study`'s
-    (`foreign_row`); a SchemaError (troll.schema) naming the file, the line, the run and the field when a field it
+    (`foreign_row`); a SchemaError (troll.base.schema) naming the file, the line, the run and the field when a field it
     declares is not as declared (a string, null or 1.7 for an accuracy). `rows` are read_jsonl's: one per non-blank
     line of the file, in order."""
     for n, row in zip(jsonl_lines(Path(path)), rows, strict=True):
@@ -300,13 +275,13 @@ def figure_file(path: Path, by: str) -> outputs.Target:
 
 def check_figures(folder: Path, names: Sequence[str], by: str) -> None:
     """Before any figure is drawn: every figure name in `folder` new, or a figure of the study's own
-    (troll.outputs); a foreign file, a folder or a link there is a UsageError naming it."""
+    (troll.base.outputs); a foreign file, a folder or a link there is a UsageError naming it."""
     outputs.check([figure_file(folder / name, by) for name in names])
 
 
 def save(fig, path: Path, by: str) -> Path:
     """Lay out a matplotlib figure and write it to `path` (its folder made if missing) at the studies' 110 dpi,
-    marked as study `by`'s (PNG text Software=<by>), whole, and only over a figure of its own (troll.outputs)."""
+    marked as study `by`'s (PNG text Software=<by>), whole, and only over a figure of its own (troll.base.outputs)."""
     fig.tight_layout()
     png = io.BytesIO()
     fig.savefig(png, format="png", dpi=110, metadata=outputs.png_metadata(by))
@@ -401,7 +376,7 @@ def given(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) ->
     """The flags typed in `argv` (sys.argv[1:] when None), each once in the order typed, by its long name:
     `--flag value` and `--flag=value` alike, nothing after `--`. A flag left at its default is not given, even
     where its value equals the default (`--steps 40` is given)."""
-    actions = parser._option_string_actions  # argparse's own map of option strings (no abbreviations: troll.cli)
+    actions = parser._option_string_actions  # argparse's own map of option strings (no abbreviations: troll.base.cli)
     typed = []
     for arg in sys.argv[1:] if argv is None else argv:
         if arg == "--":

@@ -1,10 +1,10 @@
-"""The tiny addition task (troll.addition): splits, answer formats and the reward, against sums computed here."""
+"""The tiny addition task (troll.tasks.addition): splits, answer formats and the reward, against sums computed here."""
 
 from __future__ import annotations
 
 import pytest
 
-from troll import addition
+from troll.tasks import addition
 
 
 @pytest.mark.parametrize("reverse", [True, False])

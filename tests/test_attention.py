@@ -1,4 +1,4 @@
-"""troll.attention: grouped-query attention reading the shared key/value heads in place gives sdpa's values and
+"""troll.models.attention: grouped-query attention reading the shared key/value heads in place gives sdpa's values and
 gradients (float64, a left-padded batch and an unpadded one), the same generated tokens through the KV cache and the
 shared prompt, and acts only where it should."""
 
@@ -10,10 +10,10 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from troll.attention import ATTENTION, use_gqa_attention
+from troll.models.attention import ATTENTION, use_gqa_attention
+from troll.models.tiny import tiny_llama, train_tokenizer
 from troll.policy import completion_logits
 from troll.rollout import HFGenerator
-from troll.tiny import tiny_llama, train_tokenizer
 
 PROMPTS = [[5, 9, 11, 40], [7, 3], [12, 13, 14, 15, 16, 17], [20]]
 

@@ -231,5 +231,5 @@ def command(*argv: str) -> subprocess.CompletedProcess:
 def test_bad_flags_exit_2_with_one_line(argv, words):
     result = command(*argv)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
-    lines = result.stderr.strip().splitlines()  # one line, argparse's own refusals too (troll.cli.Parser)
+    lines = result.stderr.strip().splitlines()  # one line, argparse's own refusals too (troll.base.cli.Parser)
     assert len(lines) == 1 and lines[0].startswith("python -m study.bandit: error:") and words in lines[0], lines

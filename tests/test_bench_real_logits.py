@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from bench import projection, real_logits
-from troll.cli import run_command
+from troll.base.cli import run_command
 
 EPS, TAU = 0.05, 1e-12
 LR = 0.03  # the tiny model's update: about a fifth of its rows end outside the trust region
@@ -28,8 +28,8 @@ LR = 0.03  # the tiny model's update: about a fifth of its rows end outside the 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
     """A tiny Llama folder whose teacher-forced distributions are peaked (output layer x 40)."""
-    from troll.gsm8k import load_gsm8k
-    from troll.tiny import save_tiny, tiny_llama, train_tokenizer
+    from troll.models.tiny import save_tiny, tiny_llama, train_tokenizer
+    from troll.tasks.gsm8k import load_gsm8k
 
     rows = load_gsm8k("test", str(real_logits.DATA))
     tok = train_tokenizer([r["question"] + r["answer"] for r in rows], vocab_size=400)
@@ -67,7 +67,7 @@ def plain_forward(folder: Path):
     prompt and the solution written out here (tokenizer calls, no troll.policy), and the gold ids."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from troll.gsm8k import make_prompt
+    from troll.tasks.gsm8k import make_prompt
 
     tok = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder).eval()

@@ -12,17 +12,17 @@ import torch
 pytest.importorskip("trl")  # the trl extra
 
 from bench import trl_compare  # noqa: E402
-from troll.config import PRESETS, Config  # noqa: E402
+from troll.base.config import PRESETS, Config  # noqa: E402
 
 PRESET = trl_compare.MODELS["smollm2-135m-instruct"]
 
 
 @pytest.fixture
 def tiny_chat(tmp_path, monkeypatch) -> dict:
-    """A tiny Llama folder whose tokenizer keeps troll.tiny's ChatML template, and the options of one small step;
+    """A tiny Llama folder whose tokenizer keeps troll.models.tiny's ChatML template, and the options of one small step;
     the preset's prompt limit raised for the byte-level tokenizer (a word problem is hundreds of its tokens)."""
-    from troll.policy import build_model
-    from troll.tiny import save_tiny
+    from troll.models.build import build_model
+    from troll.models.tiny import save_tiny
 
     monkeypatch.setitem(PRESETS, PRESET, PRESETS[PRESET] | {"max_prompt_len": 4096})
     model, tokenizer = build_model(Config.from_args(["--preset", PRESET, "--model", "tiny"]), torch.device("cpu"))
@@ -47,7 +47,7 @@ def test_real_model_sides_on_the_same_prompt_tokens(tiny_chat):
 @pytest.mark.slow
 def test_a_prompt_tokenized_otherwise_stops_the_trl_side(tiny_chat, monkeypatch):
     """troll's tokenization with one more token in front (as a tokenizer adding a BOS would give): the side stops."""
-    from troll import task
+    from troll.tasks import task
 
     real = task.encode
     monkeypatch.setattr(task, "encode", lambda tok, texts: [[0, *ids] for ids in real(tok, texts)])

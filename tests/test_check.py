@@ -1,6 +1,7 @@
-"""The acceptance command (troll/check.py) at a tiny shape on CPU, and the stand-in model it builds (troll/standin.py):
-the whole command end to end with each backend, the report's files and fields, a failing check's exit status and
-line, bad flags; the stand-in's tokenizer reloads as itself and its model has the published shape."""
+"""The acceptance command (troll/tools/check.py) at a tiny shape on CPU, and the stand-in model it builds
+(troll/models/standin.py): the whole command end to end with each backend, the report's files and fields, a failing
+check's exit status and line, bad flags; the stand-in's tokenizer reloads as itself and its model has the published
+shape."""
 
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from troll import check, memory
-from troll.config import PRESETS, Config
-from troll.gsm8k import load_gsm8k, make_prompt
-from troll.standin import ARCHS, VOCAB, model_config, save_standin, standin_tokenizer
+from troll.base.config import PRESETS, Config
+from troll.models import memory
+from troll.models.standin import ARCHS, VOCAB, model_config, save_standin, standin_tokenizer
+from troll.tasks.gsm8k import load_gsm8k, make_prompt
+from troll.tools import check
 
 ROOT = Path(__file__).resolve().parent.parent
 CHECKS = ["run", "weight sync", "sleep/wake", "finite loss", "chunked head", "memory", "resume",
@@ -27,7 +29,7 @@ CHECKS = ["run", "weight sync", "sleep/wake", "finite loss", "chunked head", "me
 
 def command(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
-    return subprocess.run([sys.executable, "-m", "troll.check", *argv], capture_output=True, text=True, env=env)
+    return subprocess.run([sys.executable, "-m", "troll", "check", *argv], capture_output=True, text=True, env=env)
 
 
 def texts(gsm8k_dir: Path) -> list[str]:
@@ -68,7 +70,7 @@ def test_standin_shapes_are_the_published_ones():
     """Parameter counts of the configs match the published models (memory.MEASURED holds the same counts)."""
     from transformers import AutoModelForCausalLM
 
-    from troll.memory import MEASURED
+    from troll.models.memory import MEASURED
 
     for name in ("qwen2.5-0.5b", "qwen3-0.6b"):
         with torch.device("meta"):
@@ -84,10 +86,10 @@ PUBLISHED = {"qwen3-1.7b": 1_720_574_976, "qwen3-4b": 4_022_468_096, "qwen3-8b":
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_standin_shapes_of_the_papers_models(name):
     """Qwen3-1.7B / 4B / 8B and Llama-3.1-8B on the meta device (no weights): the published parameter counts
-    (a tied embedding once), tied or not, and troll.memory's arithmetic gives the same count."""
+    (a tied embedding once), tied or not, and troll.models.memory's arithmetic gives the same count."""
     from transformers import AutoModelForCausalLM
 
-    from troll.memory import arch_params
+    from troll.models.memory import arch_params
 
     config = model_config(name)
     with torch.device("meta"):
@@ -137,7 +139,7 @@ def test_standin_vllm_loads_the_same_tokenizer(tmp_path, gsm8k_dir):
 
 def read_report(out: Path) -> dict:
     report = json.loads((out / "report.json").read_text())
-    assert (out / "report.md").read_text().startswith("# troll.check: ")
+    assert (out / "report.md").read_text().startswith("# troll check: ")
     return report
 
 
@@ -181,9 +183,9 @@ def test_check_end_to_end_vllm(tmp_path, gsm8k_dir):
 
 
 def test_memory_check_against_the_model():
-    """The memory check divides each window's measured bytes by troll.memory's prediction for its micro-batch; a
+    """The memory check divides each window's measured bytes by troll.models.memory's prediction for its micro-batch; a
     measurement above 1.10x fails, and step 1 (gradients and AdamW states allocated) is predicted 12 B/param more."""
-    from troll import memory
+    from troll.models import memory
 
     cfg = Config(logits_chunk=1024, grad_checkpointing=True)
     params = memory.MEASURED["qwen2.5-0.5b"].params
@@ -203,7 +205,7 @@ def test_memory_check_against_the_model():
 def test_a_failed_check_exits_1_with_one_line(tmp_path, gsm8k_dir, monkeypatch, capsys):
     """A loss that returns NaN: the run goes on (the steps are skipped), the finite-loss check fails, the exit
     status is 1 and stderr ends with one line naming the check and the report (progress bars come before it)."""
-    from troll.losses import LOSSES  # the dict troll.watch.measure reads the run's loss from
+    from troll.losses import LOSSES  # the dict troll.tools.watch.measure reads the run's loss from
 
     real = LOSSES["troll"]
 
@@ -216,8 +218,8 @@ def test_a_failed_check_exits_1_with_one_line(tmp_path, gsm8k_dir, monkeypatch, 
     out = tmp_path / "check"
     argv = ["--shape", "tiny", "--backend", "hf", "--data", str(gsm8k_dir), "--out", str(out)]
     code = check.main(argv, isolate=False)  # in this process, so the patched loss is the run's
-    err = [line for line in capsys.readouterr().err.strip().splitlines() if line.startswith("troll.check")]
-    assert code == 1 and len(err) == 1 and err[0].startswith("troll.check: FAILED finite loss: ")  # the last line
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if line.startswith("troll check")]
+    assert code == 1 and len(err) == 1 and err[0].startswith("troll check: FAILED finite loss: ")  # the last line
     assert str(out / "report.md") in err[0]
     report = read_report(out)
     assert report["verdict"] == "FAILED: finite loss"
@@ -244,7 +246,7 @@ def test_a_failed_check_exits_1_with_one_line(tmp_path, gsm8k_dir, monkeypatch, 
 def test_bad_flags_exit_2_with_one_line(argv, words):
     res = command(*argv)
     lines = res.stderr.strip().splitlines()
-    assert res.returncode == 2 and lines[-1].startswith("python -m troll.check: error:"), res.stderr
+    assert res.returncode == 2 and lines[-1].startswith("troll check: error:"), res.stderr
     assert all(w in lines[-1] for w in words), lines[-1]
 
 
@@ -294,7 +296,7 @@ def test_engine_keeps_its_weights_through_the_training_loops_calls(level, monkey
     pytest.importorskip("vllm")
     import inspect
 
-    from troll.vllm_engine import VLLMGenerator
+    from troll.models.vllm_engine import VLLMGenerator
 
     assert inspect.signature(VLLMGenerator).parameters["sleep_level"].default == 1  # what troll.train gets
     gen = object.__new__(VLLMGenerator)  # the engine's own logic around a stand-in for vllm.LLM
@@ -361,9 +363,9 @@ def test_memory_check_of_a_lora_run_uses_the_lora_model():
     ],
 )
 def test_counts_past_what_the_machine_holds_are_one_line_before_anything_is_written(tmp_path, flags, words):
-    """The check's counts against the preset's model (its stand-in's shape, troll.standin), before its folder is
+    """The check's counts against the preset's model (its stand-in's shape, troll.models.standin), before its folder is
     made: one line in the check's own flags, exit 2, no folder (they used to end in a FAILED report inside it)."""
-    from troll.harness import RunError
+    from troll.run.harness import RunError
 
     out = tmp_path / "check"
     with pytest.raises(RunError) as e:
@@ -375,9 +377,9 @@ def test_counts_past_what_the_machine_holds_are_one_line_before_anything_is_writ
 @pytest.mark.parametrize("backend, per", [("hf", "the 151936 output rows of m (hf sampler)"), ("vllm", "--k 64 + 1")])
 def test_the_count_check_names_what_its_sampler_keeps_a_token(monkeypatch, backend, per):
     """The hf sampler keeps a score per output row for each token, vLLM its --k + 1 log-probs: the line names the
-    one the run's backend keeps, and its size is that count's bytes (troll.start.SCORE_BYTES each)."""
-    from troll import start
-    from troll.harness import RunError
+    one the run's backend keeps, and its size is that count's bytes (troll.run.start.SCORE_BYTES each)."""
+    from troll.run import start
+    from troll.run.harness import RunError
 
     cfg = Config(model="m", backend=backend, prompts_per_step=1000, samples_per_prompt=8, max_new_tokens=256, k=64)
     rows = 151936 if backend == "hf" else 65

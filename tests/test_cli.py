@@ -1,5 +1,5 @@
-"""Every command's flags (troll.cli.Parser, issue 40): a flag is never abbreviated (`--step 5` is refused, not run as
-`--steps 5`), a refused flag is one line on stderr naming it and where the flags are listed (exit 2, no usage
+"""Every command's flags (troll.base.cli.Parser, issue 40): a flag is never abbreviated (`--step 5` is refused, not run
+as `--steps 5`), a refused flag is one line on stderr naming it and where the flags are listed (exit 2, no usage
 block), and `--help` prints the full help (exit 0)."""
 
 from __future__ import annotations
@@ -19,16 +19,16 @@ import pytest
 from test_commands import BENCHES, ROOT
 from test_misuse import as_from_a_shell
 
-from troll.cli import BROKEN_PIPE, Parser, UsageError, run_command
+from troll.base.cli import BROKEN_PIPE, Parser, UsageError, run_command
 
-COMMANDS = [
-    *(f"troll.{name}" for name in ("train", "check", "evaluate", "export", "plot", "inspect", "packaged")),
+COMMANDS = [  # troll's as its verbs (`python -m troll VERB`, as `troll VERB`), the studies' and benches' as modules
+    *(f"troll {verb}" for verb in ("train", "check", "evaluate", "export", "plot", "inspect", "model", "memory")),
     *(f"study.{name}" for name in ("run", "offpolicy", "bandit", "figures", "real", "inspect_figure")),
     *(f"bench.{name}" for name in BENCHES),
 ]
 
 
-NAMED = {"troll.packaged": ["smollm2-135m-instruct"]}  # commands whose positional takes only its choices
+NAMED = {"troll model": ["smollm2-135m-instruct"]}  # commands whose positional takes only its choices
 
 
 def parser() -> Parser:
@@ -86,36 +86,38 @@ TRAIN_MISSPELLED = [
 
 @pytest.mark.parametrize(("argv", "meant"), TRAIN_MISSPELLED, ids=[" ".join(a) for a, _ in TRAIN_MISSPELLED])
 def test_a_misspelled_flag_of_troll_train_suggests_the_closest(argv, meant, capsys):
-    """troll.train's parser (troll.config.Config.parser): the line ends with the flag meant, nothing else changed."""
-    from troll.config import Config
+    """troll.train's parser (troll.base.config.Config.parser): the line ends with the flag meant, nothing else
+    changed."""
+    from troll.base.config import Config
 
     line = refused(Config.from_args, argv, capsys)
-    head = f"python -m troll.train: error: unrecognized arguments: {' '.join(argv)}"
-    assert line == f"{head} (python -m troll.train --help lists the flags); did you mean {meant}?", line
+    head = f"troll train: error: unrecognized arguments: {' '.join(argv)}"
+    assert line == f"{head} (troll train --help lists the flags); did you mean {meant}?", line
 
 
 @pytest.mark.parametrize("argv", [["--no-such-flag", "1"], ["--batch_size", "4"], ["--epsilon", "0.1"], ["-x"]])
 def test_no_suggestion_when_no_flag_is_close(argv, capsys):
-    from troll.config import Config
+    from troll.base.config import Config
 
     line = refused(Config.from_args, argv, capsys)
-    assert line.endswith("(python -m troll.train --help lists the flags)") and "did you mean" not in line, line
+    assert line.endswith("(troll train --help lists the flags)") and "did you mean" not in line, line
 
 
 def test_every_misspelled_flag_gets_its_own_suggestion(capsys):
-    from troll.config import Config
+    from troll.base.config import Config
 
     line = refused(Config.from_args, ["--lr_rate=1e-4", "--step", "5", "--no-such-flag"], capsys)
     assert line.endswith("lists the flags); did you mean --lr for --lr_rate, --steps for --step?"), line
 
 
 def test_another_commands_misspelled_flag_is_suggested(capsys):
-    """troll.plot's and troll.evaluate's own parsers; an unknown flag named before a missing required one gets its
+    """troll.tools.plot's and troll.tools.evaluate's own parsers; an unknown flag named before a missing required one
+    gets its
     suggestion too."""
-    from troll import evaluate, plot
+    from troll.tools import evaluate, plot
 
     line = refused(plot.main, ["runs/x", "--outt", "plots"], capsys)
-    assert line.startswith("python -m troll.plot: error: ") and line.endswith("; did you mean --out?"), line
+    assert line.startswith("troll plot: error: ") and line.endswith("; did you mean --out?"), line
     line = refused(evaluate.main, ["--modle", "x"], capsys)
     assert "unrecognized arguments: --modle; the following arguments are required: --model" in line, line
     assert line.endswith("; did you mean --model?"), line
@@ -171,15 +173,16 @@ def test_every_parser_is_a_troll_parser():
 
 
 def run(module: str, *argv: str) -> subprocess.Popen:
+    """`python -m module argv`; a command `troll VERB` runs as `python -m troll VERB`."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_WAIT_POLICY": "PASSIVE"}
-    return subprocess.Popen([sys.executable, "-m", module, *argv], cwd=ROOT, env=env, text=True,
+    return subprocess.Popen([sys.executable, "-m", *module.split(), *argv], cwd=ROOT, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
 
 
 def abbreviation(help_text: str) -> str | None:
     """One of the command's long flags less its last letter, a prefix of that flag only (so argparse with
     abbreviations would have taken it as the flag): from the longest flag down; None for a command whose only flag
-    is --help (troll.packaged takes a name), which has nothing to abbreviate."""
+    is --help (troll model takes a name; troll memory takes nothing), which has nothing to abbreviate."""
     flags = set(re.findall(r"^\s+(?:-\w+, )?(--[\w-]+)", help_text, re.M)) - {"--help"}
     if not flags:
         return None
@@ -207,8 +210,9 @@ def test_every_command_refuses_an_abbreviation_and_an_unknown_flag_in_one_line(m
         line = one_line(err)
         named = ": error: " in line and flag in line and "--help lists the flags" in line
         assert proc.returncode == 2 and named, (module, flag, line)
-        script = f"python {module.replace('.', '/')}.py"  # a benchmark is run as a script, the rest as modules
-        assert line.split(": error: ")[0] == (script if module.startswith("bench.") else f"python -m {module}")
+        script = f"python {module.replace('.', '/')}.py"  # a benchmark is run as a script, a study as a module
+        module_prog = module if module.startswith("troll ") else f"python -m {module}"
+        assert line.split(": error: ")[0] == (script if module.startswith("bench.") else module_prog)
 
 
 # ------------------------------------------------------------------------------------------------ the boundary
@@ -233,7 +237,8 @@ def os_error(code: int, path: object, cls: type[OSError] = OSError) -> OSError:
 
 
 class SafetensorError(Exception):
-    """Stands in for safetensors' exception, recognised by its module and name (troll.cli imports nothing heavy)."""
+    """Stands in for safetensors' exception, recognised by its module and name (troll.base.cli imports nothing
+    heavy)."""
 
 
 SafetensorError.__module__ = "safetensors._safetensors_rust"
@@ -286,10 +291,10 @@ def test_a_file_where_a_folder_belongs_is_named(tmp_path, capsys):
     ],
 )
 def test_a_full_disk_says_the_checkpoints_are_kept_and_how_to_continue(error, capsys):
-    status, err = ended(raising(error), capsys, resume="python -m troll.train --out r --resume true")
+    status, err = ended(raising(error), capsys, resume="troll train --out r --resume true")
     line = one_line(err)
     assert status == 2 and "free some disk space" in line and "finished checkpoints are kept" in line, line
-    assert "continue with: python -m troll.train --out r --resume true" in line
+    assert "continue with: troll train --out r --resume true" in line
 
 
 def test_a_bug_keeps_its_traceback_and_says_it_is_one(capsys):
@@ -316,7 +321,7 @@ def test_usage_error_ctrl_c_and_exit_status_are_as_before(capsys, monkeypatch):
 
 INTERRUPTIBLE = """
 import ctypes, time
-from troll.cli import run_command
+from troll.base.cli import run_command
 
 def main():
     if "{where}" == "embedded":  # in code an extension evaluates, as pybind11's py::exec does
@@ -371,7 +376,7 @@ def test_ctrl_c_ends_the_process_by_sigint_after_its_one_line(tmp_path, how, whe
 
 
 def test_ctrl_c_stops_a_shell_loop_over_runs(tmp_path):
-    """`for s in 1 2; do python -m troll.train ...; done`: Ctrl-C stops the loop, not just its current run (bash
+    """`for s in 1 2; do troll train ...; done`: Ctrl-C stops the loop, not just its current run (bash
     goes on after a command that exits 130 by itself, taking the Ctrl-C as handled)."""
     loop = f"for s in 1 2; do {shlex.quote(sys.executable)} -m interruptible; done; echo the loop went on"
     result = interrupted(tmp_path, ["bash", "-c", loop], "python")
@@ -401,8 +406,8 @@ def test_a_command_whose_reader_has_gone_ends_quietly():
 BARS = """
 import sys
 if sys.argv[1] == "before":
-    import transformers  # imported before the boundary, as troll.check and the benchmarks import it
-from troll.cli import run_command
+    import transformers  # imported before the boundary, as troll.tools.check and the benchmarks import it
+from troll.base.cli import run_command
 
 
 def main():
@@ -452,13 +457,14 @@ def test_troll_help_lists_every_command_and_each_verb_is_its_module():
     verb's --help is its module's own."""
     from troll.__main__ import VERBS
 
-    commands = {f"troll.{p.stem}" for p in (ROOT / "troll").glob("*.py") if "run_command(" in p.read_text()}
-    assert commands - {"troll.cli"} == {module for module, _ in VERBS.values()}
+    modules = {".".join(p.relative_to(ROOT).with_suffix("").parts): p for p in (ROOT / "troll").rglob("*.py")}
+    commands = {name for name, p in modules.items() if "run_command(" in p.read_text()}
+    assert commands - {"troll.base.cli"} == {module for module, _ in VERBS.values()}
     listed = troll("--help")
     assert listed.returncode == 0 and all(f"  {verb}" in listed.stdout for verb in VERBS)
     for verb in ("evaluate", "model"):
         own = troll(verb, "--help")
-        assert own.returncode == 0 and f"usage: python -m {VERBS[verb][0]}" in own.stdout, own.stderr
+        assert own.returncode == 0 and f"usage: troll {verb}" in own.stdout, own.stderr
 
 
 @pytest.mark.parametrize(
@@ -469,7 +475,7 @@ def test_troll_help_lists_every_command_and_each_verb_is_its_module():
         ([], ["usage: troll VERB"]),
         (
             ["evaluate", "--model", "/no/such/model"],
-            ["python -m troll.evaluate: error:", "/no/such/model does not exist"],
+            ["troll evaluate: error:", "/no/such/model does not exist"],
         ),
         (["train", "--step", "5"], ["--step", "--steps"]),
     ],

@@ -1,7 +1,8 @@
 """Every command refuses bad input with one line naming the problem: exit 2, no traceback (issue 22).
 
 Each case runs the command as a subprocess (`sys.executable -m ...` or `sys.executable bench/x.py`), the way a user
-does. Every refusal is one line on stderr, argparse's own (a bad flag value) too (troll.cli.Parser): no usage block.
+does. Every refusal is one line on stderr, argparse's own (a bad flag value) too (troll.base.cli.Parser): no usage
+block.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import pytest
 
 from study import figures
 from study import run as study_run
-from troll.plot import figure
+from troll.tools.plot import figure
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD = {"question": "What is 6 * 7?", "answer": "6 * 7 = 42\n#### 42"}
@@ -48,7 +49,7 @@ def refused(result: subprocess.CompletedProcess, *words: str) -> str:
     return lines[-1]
 
 
-# ------------------------------------------------------------------------------------------ troll.evaluate
+# ------------------------------------------------------------------------------------------ troll.tools.evaluate
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +69,7 @@ def model_dir(tmp_path_factory) -> Path:
 
 
 def evaluate(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return command("-m", "troll.evaluate", *argv, env=env)
+    return command("-m", "troll", "evaluate", *argv, env=env)
 
 
 @pytest.mark.parametrize("missing", ["./no/such/model", "/no/such/model", "runs/x/checkpoints/step-000250"])
@@ -152,7 +153,7 @@ def test_evaluate_refuses_a_flag_that_cannot_act(tmp_path, model_dir, flags, wor
 def test_evaluate_scores_a_run_on_its_own_task(tmp_path, model_dir, data_dir):
     """A run's checkpoint is scored on the task it was trained on: another is refused naming both, and so is a run
     whose config.json is missing or damaged (it says which task)."""
-    from troll.config import Config
+    from troll.base.config import Config
 
     run = tmp_path / "run"
     shutil.copytree(model_dir, run / "checkpoints" / "step-000001")
@@ -164,11 +165,11 @@ def test_evaluate_scores_a_run_on_its_own_task(tmp_path, model_dir, data_dir):
     refused(evaluate("--model", str(run)), f"{run / 'config.json'} is damaged", f"--out {run} --resume true")
 
 
-# ------------------------------------------------------------------------------------------------ troll.plot
+# ------------------------------------------------------------------------------------------------ troll.tools.plot
 
 
 def plot(*argv: str) -> subprocess.CompletedProcess:
-    return command("-m", "troll.plot", *argv)
+    return command("-m", "troll", "plot", *argv)
 
 
 @pytest.mark.slow
@@ -389,7 +390,7 @@ def test_bench_step_times_the_textbook_clip_beside_ours():
 def test_a_run_logged_to_a_file_has_no_bar_redraws_and_a_line_per_evaluation(tmp_path):
     """stdout and stderr sent to files (a pipe here, as `> log 2>&1`): no progress bar draws (no carriage returns),
     and every evaluation is one line with its step, so a log reads as the run went."""
-    res = command("-m", "troll.train", "--steps", "4", "--eval_every", "2", "--sft_steps", "3", "--eval_size", "4",
+    res = command("-m", "troll", "train", "--steps", "4", "--eval_every", "2", "--sft_steps", "3", "--eval_size", "4",
                   "--prompts_per_step", "4", "--samples_per_prompt", "2", "--out", str(tmp_path / "run"))  # fmt: skip
     assert res.returncode == 0, res.stderr[-2000:]
     assert "\r" not in res.stdout + res.stderr and "it/s" not in res.stdout + res.stderr
@@ -401,19 +402,20 @@ def test_a_run_logged_to_a_file_has_no_bar_redraws_and_a_line_per_evaluation(tmp
 
 @pytest.mark.slow
 def test_an_evaluation_with_its_output_piped_draws_no_bar(tmp_path):
-    """troll.evaluate loading a model and sampling, stdout and stderr piped: the figures, its progress as lines, and
-    no bar (the weights' loading bar of transformers drew here before troll.cli.run_command turned the libraries'
+    """troll.tools.evaluate loading a model and sampling, stdout and stderr piped: the figures, its progress as lines,
+    and no bar (the weights' loading bar of transformers drew here before troll.base.cli.run_command turned the
+    libraries'
     bars off)."""
-    from troll import addition
-    from troll.tiny import save_tiny, tiny_llama, train_tokenizer
+    from troll.models.tiny import save_tiny, tiny_llama, train_tokenizer
+    from troll.tasks import addition
 
     tokenizer = train_tokenizer(addition.corpus(), vocab_size=64)
     save_tiny(tiny_llama(tokenizer, hidden=32, layers=1, heads=2), tokenizer, tmp_path / "model")
     data = ["--data", str(ROOT / "tests" / "data" / "gsm8k"), "--limit", "2"]
-    res = command("-m", "troll.evaluate", "--model", str(tmp_path / "model"), *data, "--max_new_tokens", "2",
+    res = command("-m", "troll", "evaluate", "--model", str(tmp_path / "model"), *data, "--max_new_tokens", "2",
                   "--samples", "2", "--out", str(tmp_path / "eval"))  # fmt: skip
     assert res.returncode == 0, res.stderr[-2000:]
-    progress = r"evaluate: [12]/2 problems, [24] samples, \d+ s spent, about \d+ s left"  # troll.evaluate's lines
+    progress = r"evaluate: [12]/2 problems, [24] samples, \d+ s spent, about \d+ s left"  # troll.tools.evaluate's lines
     assert all(re.fullmatch(progress, line) for line in res.stderr.splitlines()), res.stderr[-2000:]
     assert res.stderr.endswith("evaluate: 2/2 problems, 4 samples, 0 s spent, about 0 s left\n"), res.stderr
     assert "\r" not in res.stdout + res.stderr and "it/s" not in res.stdout + res.stderr

@@ -1,4 +1,4 @@
-"""The command line and the config (troll/config.py): every bad value is an argparse error (exit 2, no traceback)
+"""The command line and the config (troll/base/config.py): every bad value is an argparse error (exit 2, no traceback)
 before any work, the choices are the library's, `--help` documents every flag, a flag's parser comes from its
 field's type, a saved config.json is read with the same checks, and loss_kwargs fits the loss functions."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from troll.config import PRESETS, Config
+from troll.base.config import PRESETS, Config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -99,9 +99,9 @@ def test_bad_flag_is_an_argparse_error(argv, message, capsys, tmp_path):
     with pytest.raises(SystemExit) as exit_info:
         Config.from_args([*argv, "--out", str(tmp_path / "run")])
     assert exit_info.value.code == 2
-    err = capsys.readouterr().err  # one line (troll.cli.Parser), not the usage block
+    err = capsys.readouterr().err  # one line (troll.base.cli.Parser), not the usage block
     assert len(err.strip().splitlines()) == 1 and "usage:" not in err, err
-    assert err.startswith("python -m troll.train: error: ")
+    assert err.startswith("troll train: error: ")
     assert re.search(message, err), err
     assert not (tmp_path / "run").exists()
 
@@ -133,7 +133,7 @@ def test_the_command_fails_before_any_work(tmp_path):
     any warm-up, evaluation or checkpoint, and with no run directory left to block the corrected command."""
     out = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "troll.train", "--loss", "clip", "--out", str(out)],
+        [sys.executable, "-m", "troll", "train", "--loss", "clip", "--out", str(out)],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -359,7 +359,7 @@ def test_tiny_rare_preset_and_vocab_size():
 def test_a_config_saved_before_vocab_size_existed_ran_with_its_added_value(tmp_path):
     """Fields in ADDED were added after runs were saved: a config or results row without one ran with its value
     (every run before vocab_size kept the tokenizer's 260 tokens), so settings() and load() fill it in."""
-    from troll.config import ADDED, settings
+    from troll.base.config import ADDED, settings
 
     path = tmp_path / "config.json"
     Config().save(path)
@@ -388,7 +388,7 @@ def test_a_dppo_run_saved_before_its_cap_was_a_setting_ran_at_two(tmp_path):
     """DPPO's cap was fixed at 2 before dppo_cap existed (10 is the default since): a saved DPPO config
     without the field loads at 2 and resumes as it ran; any other loss, which the cap does not touch, takes today's
     default, so its old rows still compare equal to the same run made now."""
-    from troll.config import settings
+    from troll.base.config import settings
 
     path = tmp_path / "config.json"
     for loss, cap in (("dppo", 2.0), ("troll", 10.0), ("cispo", 10.0)):
@@ -433,7 +433,7 @@ def test_a_gspo_run_saved_under_the_token_mean_resumes_with_it(tmp_path, capsys)
     the mode it ran: a GSPO run saved when --level sequence defaulted to the token mean resumes with the token mean,
     not today's default; asking for another agg on resume is refused. A config.json without agg is refused, naming
     it (agg is not in ADDED: no run was saved without it)."""
-    from troll.config import ADDED
+    from troll.base.config import ADDED
 
     out = tmp_path / "run"
     out.mkdir()
@@ -462,9 +462,9 @@ LORA_PRESET_GPUS = {  # GiB
 
 @pytest.mark.parametrize("name", sorted(LORA_PRESET_GPUS))
 def test_lora_presets_fit_their_gpu(name):
-    """Each LoRA preset parses to the LoRA recipe, and troll.memory's model says its micro-batch is the largest
+    """Each LoRA preset parses to the LoRA recipe, and troll.models.memory's model says its micro-batch is the largest
     whose two phases (vLLM generating, vLLM asleep during the update) fit its target GPU at its vLLM fraction."""
-    from troll import memory
+    from troll.models import memory
 
     assert set(LORA_PRESET_GPUS) == {n for n in PRESETS if n.startswith("gsm8k-") and n.endswith("-lora")}
     cfg = Config.from_args(["--preset", name])
@@ -557,7 +557,7 @@ def test_a_setting_that_acts_is_accepted(argv):
 def test_presets_and_defaults_never_trigger_the_rule():
     """A preset's values are not flags given: the GSM8K presets (no warm-start, sft_* at their defaults) and the
     LoRA presets on --backend hf (their vllm_gpu_memory then idle) are accepted; the rule reads only `given`."""
-    from troll.config import inert
+    from troll.base.config import inert
 
     for name in PRESETS:
         Config.from_args(["--preset", name])
@@ -569,7 +569,7 @@ def test_presets_and_defaults_never_trigger_the_rule():
 def test_the_rule_table_names_fields():
     """Each row of ACTS_ONLY is a field, switched by a field, and the switch's default makes the row's field act or
     not as the table says (the table and the code agree on the defaults: eps acts with troll, clip_low does not)."""
-    from troll.config import ACTS_ONLY
+    from troll.base.config import ACTS_ONLY
 
     names = {f.name for f in dataclasses.fields(Config)}
     assert set(ACTS_ONLY) <= names and {switch for switch, _, _ in ACTS_ONLY.values()} <= names

@@ -1,7 +1,7 @@
 """The damage sweep (issue 40): every file that a finished run, a LoRA run (with its `<out>/base`), an export and a
 study's results file hold, each damage (deleted, truncated to half, garbled bytes in the middle, emptied, made
-read-only, replaced by a folder), against each command that reads it (resume, troll.evaluate, troll.export,
-troll.plot, troll.inspect, the study's reports).
+read-only, replaced by a folder), against each command that reads it (resume, troll.tools.evaluate, troll.tools.export,
+troll.tools.plot, troll.tools.inspect, the study's reports).
 
 The invariant: exit 0 with a correct result, or a non-zero exit whose last stderr line is one line naming the file
 (its path or name) and the way forward; never a traceback, and no progress bar (the output is not a terminal); and
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from troll.checkpoint import check_checkpoint, damaged_file
+from troll.base.checkpoint import check_checkpoint, damaged_file
 
 TINY = ["--sft_steps", "0", "--steps", "2", "--eval_size", "4", "--eval_every", "1", "--save_every", "1"]
 TINY += ["--prompts_per_step", "2", "--samples_per_prompt", "2"]
@@ -98,9 +98,9 @@ def lora_run(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def lora_export(lora_run, tmp_path_factory) -> Path:
-    """The LoRA run merged by troll.export: a plain model folder."""
+    """The LoRA run merged by troll.tools.export: a plain model folder."""
     out = tmp_path_factory.mktemp("pristine") / "export"
-    made(invoke("troll.export", str(lora_run), "--out", str(out)))
+    made(invoke("troll.tools.export", str(lora_run), "--out", str(out)))
     return out
 
 
@@ -118,7 +118,7 @@ def evaluated_run(full_run, tmp_path_factory) -> Path:
     """The full run with an evaluation of it in <run>/evals (greedy and samples), which the same command continues."""
     out = tmp_path_factory.mktemp("pristine") / "evaluated"
     shutil.copytree(full_run, out)
-    made(invoke("troll.evaluate", "--model", str(out), *EVAL, *SAMPLED, "--out", str(out / "evals")))
+    made(invoke("troll.tools.evaluate", "--model", str(out), *EVAL, *SAMPLED, "--out", str(out / "evals")))
     return out
 
 
@@ -267,27 +267,29 @@ COMMANDS = {
         latest_or_outside,
     ),
     "evaluate": Command(
-        "troll.evaluate",
+        "troll.tools.evaluate",
         lambda root, rel, work: ["--model", str(checkpoint_of(root, rel)), *EVAL, "--out", str(work / "eval")],
         evaluated,
     ),
     "continue": Command(  # the evaluation's own files, read to continue it
-        "troll.evaluate",
+        "troll.tools.evaluate",
         lambda root, rel, work: ["--model", str(root), *EVAL, *SAMPLED, "--out", str(root / "evals")],
         continued,
         lambda root, rel: rel.parts[0] == "evals",
     ),
     "export": Command(
-        "troll.export", lambda root, rel, work: [str(checkpoint_of(root, rel)), "--out", str(work / "merged")], exported
+        "troll.tools.export",
+        lambda root, rel, work: [str(checkpoint_of(root, rel)), "--out", str(work / "merged")],
+        exported,
     ),
     "plot": Command(  # it reads metrics.jsonl: run for each file beside it
-        "troll.plot",
+        "troll.tools.plot",
         lambda root, rel, work: [str(root), "--out", str(work / "plots")],
         plotted,
         lambda root, rel: rel.parent == Path("."),
     ),
     "inspect": Command(  # it reads config.json, tokens.jsonl and metrics.jsonl (the accuracy at the step)
-        "troll.inspect",
+        "troll.tools.inspect",
         lambda root, rel, work: [str(root), "--out", str(work / "page.html")],
         inspected,
         lambda root, rel: str(rel) in ("config.json", "tokens.jsonl", "metrics.jsonl"),

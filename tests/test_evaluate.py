@@ -1,5 +1,5 @@
-"""The evaluation command (troll/evaluate.py): greedy pass@1 with the training reward, pass@k and maj@k from samples
-(against an enumeration of every k-subset and hand counts), the task it scores, on tiny local models."""
+"""The evaluation command (troll/tools/evaluate.py): greedy pass@1 with the training reward, pass@k and maj@k from
+samples (against an enumeration of every k-subset and hand counts), the task it scores, on tiny local models."""
 
 import importlib.util
 import itertools
@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from troll import addition, gsm8k, words
-from troll.config import Config
-from troll.evaluate import (
+from troll.base.config import Config
+from troll.models.tiny import save_tiny, tiny_llama, train_tokenizer
+from troll.tasks import addition, gsm8k, words
+from troll.tools.evaluate import (
     answer_rule,
     decode,
     encode,
@@ -29,7 +30,6 @@ from troll.evaluate import (
     score,
     too_many,
 )
-from troll.tiny import save_tiny, tiny_llama, train_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -93,38 +93,38 @@ def test_vllm_greedy_equals_transformers_greedy(tiny_dir, monkeypatch):
 
 @pytest.mark.slow
 def test_a_lora_run_is_evaluated_as_its_export(tmp_path):
-    """`troll.evaluate` on a LoRA run (its latest checkpoint: adapters on the run's base, merged in memory) gives
-    the predictions of the merged model `troll.export` writes, on the run's own task (addition, its tokenizer without
-    a chat template) where the export is told it; another task for the run is refused naming both; `--backend vllm`
-    on it names troll.export (issue 40: it said the checkpoint lacked a config and weights)."""
+    """`troll.tools.evaluate` on a LoRA run (its latest checkpoint: adapters on the run's base, merged in memory) gives
+    the predictions of the merged model `troll.tools.export` writes, on the run's own task (addition, its tokenizer
+    without a chat template) where the export is told it; another task for the run is refused naming both; `--backend
+    vllm` on it names troll.tools.export (issue 40: it said the checkpoint lacked a config and weights)."""
     from test_commands import command, refused
 
     run, merged = tmp_path / "run", tmp_path / "merged"
     tiny = ["--sft_steps", "0", "--steps", "1", "--eval_size", "4", "--prompts_per_step", "2"]
-    trained = command("-m", "troll.train", "--out", str(run), "--lora_rank", "4", "--lr", "0.05", *tiny)
+    trained = command("-m", "troll", "train", "--out", str(run), "--lora_rank", "4", "--lr", "0.05", *tiny)
     assert trained.returncode == 0, trained.stderr[-3000:]
-    exported = command("-m", "troll.export", str(run), "--out", str(merged))
+    exported = command("-m", "troll", "export", str(run), "--out", str(merged))
     assert exported.returncode == 0, exported.stderr[-3000:]
     flags = ["--limit", "3", "--max_new_tokens", "8", "--backend", "hf"]
     predictions, said = {}, {}
     for name, model, task in (("run", run, []), ("merged", merged, ["--task", "addition"])):
         out = tmp_path / f"eval-{name}"
-        done = command("-m", "troll.evaluate", "--model", str(model), *task, *flags, "--out", str(out))
+        done = command("-m", "troll", "evaluate", "--model", str(model), *task, *flags, "--out", str(out))
         assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
         assert json.loads((out / "summary.json").read_text())["task"] == "addition"
         predictions[name], said[name] = (out / "predictions.jsonl").read_text(), done.stderr
     assert f"its adapters merged into the run's base {run / 'base'}" in said["run"], said["run"][-3000:]
     assert predictions["run"] == predictions["merged"] and predictions["run"].count("\n") == 3
-    other = command("-m", "troll.evaluate", "--model", str(run), "--task", "gsm8k", "--out", str(tmp_path / "g"))
+    other = command("-m", "troll", "evaluate", "--model", str(run), "--task", "gsm8k", "--out", str(tmp_path / "g"))
     refused(other, f"{run} was trained on addition; pass --task addition")
     assert not (tmp_path / "g").exists()
     ckpt = run / "checkpoints" / "step-000001"
     if importlib.util.find_spec("vllm") is None:
         return  # --backend vllm is refused for the missing package first
-    vllm = command("-m", "troll.evaluate", "--model", str(ckpt), *flags[:-1], "vllm", "--out", str(tmp_path / "v"))
+    vllm = command("-m", "troll", "evaluate", "--model", str(ckpt), *flags[:-1], "vllm", "--out", str(tmp_path / "v"))
     line = vllm.stderr.strip().splitlines()[-1]
     assert vllm.returncode == 2 and "Traceback" not in vllm.stderr, vllm.stderr[-3000:]
-    assert "LoRA adapters" in line and f"python -m troll.export {ckpt}" in line, line
+    assert "LoRA adapters" in line and f"troll export {ckpt}" in line, line
 
 
 # ------------------------------------------------------------------------------------------ pass@k and maj@k
@@ -206,13 +206,13 @@ def test_counts_are_checked_against_the_memory_they_keep():
 
 
 def test_max_new_tokens_past_the_models_positions_is_one_line(tmp_path, tiny_dir, gsm8k_dir, capsys):
-    """The hf backend's model has 2,048 positions (troll.tiny): --max_new_tokens past them after the longest prompt is
-    refused once the model is loaded, before any token is generated, naming how many fit; nothing written."""
+    """The hf backend's model has 2,048 positions (troll.models.tiny): --max_new_tokens past them after the longest
+    prompt is refused once the model is loaded, before any token is generated, naming how many fit; nothing written."""
     model = ["--model", str(tiny_dir), "--data", str(gsm8k_dir), "--limit", "2", "--backend", "hf"]
     with pytest.raises(SystemExit) as e:
         main([*model, "--max_new_tokens", "4000", "--out", str(tmp_path / "e")])
     line = capsys.readouterr().err.strip().splitlines()[-1]  # after the weights' loading bar (main, not the command)
-    assert e.value.code == 2 and line.startswith("python -m troll.evaluate: error: "), line
+    assert e.value.code == 2 and line.startswith("troll evaluate: error: "), line
     assert re.search(r"--max_new_tokens 4000 after the longest prompt \((\d+) tokens\) runs past the model's 2048 "
                      r"positions: pass at most (\d+)$", line), line  # fmt: skip
     assert not (tmp_path / "e").exists()
@@ -223,7 +223,7 @@ def test_max_new_tokens_past_the_models_positions_is_one_line(tmp_path, tiny_dir
 def test_an_absurd_count_is_one_line_before_the_model_loads(tmp_path, tiny_dir, gsm8k_dir, capsys, monkeypatch,
                                                             flag, value):  # fmt: skip
     """An absurd --samples or --max_new_tokens is refused in one line before the model loads, nothing written."""
-    monkeypatch.setattr("troll.evaluate.load_generator", lambda *a: pytest.fail("the model was loaded"))
+    monkeypatch.setattr("troll.tools.evaluate.load_generator", lambda *a: pytest.fail("the model was loaded"))
     model = ["--model", str(tiny_dir), "--data", str(gsm8k_dir), "--limit", "2"]
     line = refusal([*model, flag, value, "--out", str(tmp_path / "e")], capsys)
     assert f"{flag} {value}" in line and "free here" in line
@@ -316,7 +316,7 @@ def test_a_stopped_evaluation_continues_to_the_lines_an_unstopped_one_writes(tmp
     """Blocks of 2 problems, calls of 3 samples (one problem a call with --samples 2): stopped after each number of
     problems, the same command keeps what was written and writes the rest, byte for byte the unstopped evaluation's
     predictions and figures; progress is a line on stderr; other settings start over."""
-    from troll import evaluate, predictions
+    from troll.tools import evaluate, predictions
 
     monkeypatch.setattr(evaluate, "HF_BLOCK", 2)
     monkeypatch.setattr(evaluate, "HF_CALL", 3)
@@ -372,7 +372,8 @@ def test_a_stopped_evaluation_continues_to_the_lines_an_unstopped_one_writes(tmp
 
 @pytest.fixture(scope="module")
 def addition_dir(tmp_path_factory) -> Path:
-    """A tiny model saved as an addition run saves it: its tokenizer has no chat template (troll.policy.build_model)."""
+    """A tiny model saved as an addition run saves it: its tokenizer has no chat template
+    (troll.models.build.build_model)."""
     tok = train_tokenizer(addition.corpus(), vocab_size=64)
     tok.chat_template = None
     return save_tiny(tiny_llama(tok, hidden=32, layers=1, heads=2), tok, tmp_path_factory.mktemp("addition"))
@@ -435,7 +436,7 @@ def test_a_run_is_scored_on_its_own_task_and_settings(tmp_path, addition_dir, ca
 
 
 def test_a_words_run_is_scored_on_words_by_default_and_on_gsm8k_when_asked(tmp_path, addition_dir, gsm8k_dir, capsys):
-    """Word problems are asked and scored as GSM8K is (troll.task.GSM8K_FORMAT): a words run's GSM8K accuracy is a
+    """Word problems are asked and scored as GSM8K is (troll.tasks.task.GSM8K_FORMAT): a words run's GSM8K accuracy is a
     measurement, an addition score of it is not."""
     run = tmp_path / "run"
     shutil.copytree(addition_dir, run / "checkpoints" / "step-000001")

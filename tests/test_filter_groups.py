@@ -10,8 +10,8 @@ import torch
 
 from tests.test_shared_prompt import HalfFinished
 from troll.advantages import has_signal
-from troll.config import Config
-from troll.diagnostics import StepTimer, step_row
+from troll.base.config import Config
+from troll.run.diagnostics import StepTimer, step_row
 
 
 def _reference_signal(rewards: list[float], group: list[int]) -> list[bool]:
@@ -43,8 +43,8 @@ def test_has_signal_refuses_what_advantages_refuse():
 def _collect(monkeypatch, rewards: list[float], **kw):
     """The tiny run's batch 0 (4 prompts x 4 samples) with the given rewards, filtered or not."""
     import troll.train
-    from troll.policy import build_model
-    from troll.task import load_task
+    from troll.models.build import build_model
+    from troll.tasks.task import load_task
 
     monkeypatch.setattr(troll.train, "rewards_of", lambda task, texts, golds, finished: list(rewards))
     cfg = Config(**(dict(sft_steps=0, prompts_per_step=4, samples_per_prompt=4, minibatches=2, max_new_tokens=4) | kw))
@@ -88,7 +88,7 @@ def test_collect_keeps_exactly_the_groups_with_signal(monkeypatch):
 def test_a_step_on_the_kept_groups_trains_on_signal_only(monkeypatch):
     """rl_step on a filtered batch: every token it trains on has an advantage (frac_no_signal 0); the row says so."""
     import troll.train
-    from troll.start import make_optimizer
+    from troll.run.start import make_optimizer
 
     rewards = [0.0] * 4 + [1.0, 0.0, 0.0, 1.0] + [1.0] * 4 + [0.0, 0.0, 0.0, 1.0]
     cfg, model, tok, task, _ = _collect(monkeypatch, rewards, filter_groups=True)

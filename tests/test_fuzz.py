@@ -10,21 +10,21 @@ paths that are missing, files, folders, read-only folders or under a file. The c
   "Traceback" anywhere, and no file under the work folder written, changed or removed.
 
 Anything else escaping the command is a traceback: a failure. The flags are read from each command's own parser
-(troll.cli.Parser, captured on its first parse), so a new flag is fuzzed without a change here. Every example runs
+(troll.base.cli.Parser, captured on its first parse), so a new flag is fuzzed without a change here. Every example runs
 under a memory limit (`memory_limit`: RLIMIT_AS at what the test process maps plus MEMORY_LIMIT), so an allocation
 that a value implies fails at once, a bug's exit 1, instead of taking the machine's memory; and its output, which is
 not a terminal, must hold no progress bar (`BAR`).
 
 The count test (`counts`) draws 1-2 of a command's counts (every flag taking an int: samples, problems, steps,
 tokens, batch sizes, jobs) at large to absurd values (ABSURD) and runs the command further than its checks, to its
-`count_stop` lines (troll.evaluate: to its end; troll.train: through its first RL step; a study: until its workers
+`count_stop` lines (troll.tools.evaluate: to its end; troll.train: through its first RL step; a study: until its workers
 start). Each example must answer in one line or work: exit 0, reach its stop line, or still be working after
 STREAMED_S under the memory limit (the count is streamed: it only lengthens the work).
 
 Commands that would start real work are stopped where they start it: `Command.stop` names a line of the command's
-source (e.g. troll.start's `generator = make_generator(...)`, after the model, the data and the warm-start); reaching
-it counts as "got past the checks" (accepted), and the files written so far are not compared. A flag whose large
-values mean only a longer run (`bounded`) gets no huge valid values.
+source (e.g. troll.run.start's `generator = make_generator(...)`, after the model, the data and the warm-start);
+reaching it counts as "got past the checks" (accepted), and the files written so far are not compared. A flag whose
+large values mean only a longer run (`bounded`) gets no huge valid values.
 
     python -m pytest -q tests/test_fuzz.py -m "not slow"          # QUICK examples per command, derandomized
     python -m pytest -q tests/test_fuzz.py -m slow --fuzz-examples 500
@@ -102,23 +102,23 @@ COMMANDS = {
             "troll.train",
             base=TINY_RUN,
             stop=("generator = make_generator(cfg, model, tokenizer, run.out)",),
-            stop_in="troll.start",
+            stop_in="troll.run.start",
             bounded=RUN_LENGTHS,
             count_stop=('s["step"], s["skipped_steps"] = step + 1',),  # the first RL step done, being recorded
-            count_stop_in="troll.harness",
+            count_stop_in="troll.run.harness",
         ),  # fmt: skip
         Command(
-            "troll.evaluate",
+            "troll.tools.evaluate",
             base=("--model", "model", "--data", "gsm8k"),
             stop=("generator = load_generator(backend, model_path, tokenizer, max_model_len)",),  # the model loads
             count_base=("--limit", "2", "--max_new_tokens", "4"),
             count_stop=(),  # the whole evaluation
         ),
-        Command("troll.export"),
-        Command("troll.plot"),
-        Command("troll.inspect"),
-        Command("troll.packaged", stop=("_make(gguf, work)",)),  # made once, into troll's cache: stopped there
-        Command("troll.check", stop=("cfg, arch, model_note, data_note = prepare(args, out)",)),
+        Command("troll.tools.export"),
+        Command("troll.tools.plot"),
+        Command("troll.tools.inspect"),
+        Command("troll.models.packaged", stop=("_make(gguf, work)",)),  # made once, into troll's cache: stopped there
+        Command("troll.tools.check", stop=("cfg, arch, model_note, data_note = prepare(args, out)",)),
         Command(
             "study.run",
             base=("--steps", "1", "--sft_steps", "0", "--eval_size", "2"),
@@ -189,8 +189,8 @@ COMMANDS = {
 
 def make_shared(path: Path) -> Path:
     """What every work folder gets a copy of: a tiny model folder (`model`) and GSM8K's test sample (`gsm8k`)."""
-    from troll import addition
-    from troll.tiny import save_tiny, tiny_llama, train_tokenizer
+    from troll.models.tiny import save_tiny, tiny_llama, train_tokenizer
+    from troll.tasks import addition
 
     tokenizer = train_tokenizer(addition.corpus(), vocab_size=64)
     with contextlib.redirect_stderr(io.StringIO()):  # its progress bar
@@ -207,7 +207,7 @@ def make_work(path: Path, shared: Path) -> Path:
     (path / "ro").mkdir()
     (path / "ro" / "inside.txt").write_text("x\n")
     (path / "ro").chmod(0o555)  # read-only (root ignores it: see the report in the commit)
-    (path / "run").mkdir()  # a run troll.plot reads
+    (path / "run").mkdir()  # a run troll.tools.plot reads
     rows = [{"step": s, "reward": 0.1 * s, "entropy": 1.0, "grad_norm": 0.5} for s in range(1, 4)]
     (path / "run" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     for name in ("results", "offpolicy", "bandit"):  # results files of each study: the head of the committed one
@@ -260,7 +260,7 @@ def malformed(root: Path, before: dict[str, tuple], after: dict[str, tuple]) -> 
 # ----------------------------------------------------------------------------- running a command in process
 
 
-# the test's own signals are BaseExceptions, as SystemExit is: a command's boundary (troll.cli.run_command) turns
+# the test's own signals are BaseExceptions, as SystemExit is: a command's boundary (troll.base.cli.run_command) turns
 # every Exception into its one line or a bug report, and these must pass through it to the test
 
 
@@ -471,7 +471,7 @@ class Captured(BaseException):
 
 def command_parser(command: Command, work: Path) -> argparse.ArgumentParser:
     """The command's own parser: run it until it parses its flags, and take the parser."""
-    from troll.cli import Parser
+    from troll.base.cli import Parser
 
     def capture(self: Parser, args: Any = None, namespace: Any = None) -> Any:
         raise Captured(self)
@@ -486,7 +486,7 @@ def command_parser(command: Command, work: Path) -> argparse.ArgumentParser:
         return c.parser
     finally:
         mp.undo()
-    raise AssertionError(f"{command.module} did not parse its flags with troll.cli.Parser")
+    raise AssertionError(f"{command.module} did not parse its flags with troll.base.cli.Parser")
 
 
 def flag_actions(command: Command, parsers: dict[str, argparse.ArgumentParser]) -> list[argparse.Action]:

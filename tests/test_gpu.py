@@ -16,15 +16,15 @@ import pytest
 import torch
 from test_train import TIMING_KEYS, rows, tiny
 
-from troll.checkpoint import complete_checkpoints
-from troll.config import Config
+from troll.base.checkpoint import complete_checkpoints
+from troll.base.config import Config
 from troll.head import LMHead
 from troll.losses import LOSSES, troll_loss
-from troll.policy import adapt, build_model
+from troll.models.build import adapt, build_model
 from troll.project import project_dense, project_sparse
 from troll.rollout import Batch, Rollouts
+from troll.run.start import make_optimizer
 from troll.sparse import atom_kl, build_support, sparsify, support_kl
-from troll.start import make_optimizer
 from troll.train import minibatches_of, old_policy, train, update
 
 pytestmark = pytest.mark.gpu
@@ -47,7 +47,7 @@ def device() -> torch.device:
 @pytest.fixture
 def varied_reward(monkeypatch):
     """1 for an odd-length completion: a reward an untrained model earns, so every update moves the weights."""
-    monkeypatch.setattr("troll.addition.reward", lambda completion, gold: float(len(completion) % 2))
+    monkeypatch.setattr("troll.tasks.addition.reward", lambda completion, gold: float(len(completion) % 2))
 
 
 def autocast(device: torch.device, dtype: torch.dtype):
@@ -325,16 +325,16 @@ def test_resume_on_the_device_equals_the_straight_run(device, tmp_path, varied_r
 def test_one_update_peak_memory_within_the_model(device, tmp_path):
     """One real update (troll.train.update: TROLL, one minibatch of one micro-batch) of the gsm8k-qwen2.5-0.5b
     preset's path (bf16 autocast, gradient checkpointing, the chunked head of 1,024 rows, AdamW's first step) on a
-    stand-in of Qwen2.5-0.5B's real shape with random weights (troll.standin), 2 rows of 250 prompt + 1,024
+    stand-in of Qwen2.5-0.5B's real shape with random weights (troll.models.standin), 2 rows of 250 prompt + 1,024
     completion tokens of random ids: torch's peak allocation from just before the update, over what earlier tests
-    left allocated, against troll.memory.peak_bytes - RUNTIME for that micro-batch, as troll.check's memory check
-    counts on a GPU. The model is meant as an upper bound: measured <= 1.10 x predicted (check's tolerance), and the
-    window held at least the float32 weights, gradients and AdamW's two states (16 B/param). Prints the ratio (an
+    left allocated, against troll.models.memory.peak_bytes - RUNTIME for that micro-batch, as troll.tools.check's memory
+    check counts on a GPU. The model is meant as an upper bound: measured <= 1.10 x predicted (check's tolerance), and
+    the window held at least the float32 weights, gradients and AdamW's two states (16 B/param). Prints the ratio (an
     H100, torch 2.11: 9.24 / 9.92 GiB = 0.93)."""
     if device.type != "cuda":
         pytest.skip("torch.cuda's memory statistics need a CUDA GPU")
-    from troll import memory, standin
-    from troll.watch import update_tokens
+    from troll.models import memory, standin
+    from troll.tools.watch import update_tokens
 
     arch, prompt, completion = "qwen2.5-0.5b", 250, 1024
     flags = ["--preset", "gsm8k-qwen2.5-0.5b", "--backend", "hf", "--prompts_per_step", "1", "--samples_per_prompt",

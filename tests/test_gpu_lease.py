@@ -91,7 +91,7 @@ def test_the_cpu_rehearsal_runs_every_part(tmp_path):
     assert re.search(r"\d+ passed", tests) and " failed" not in tests, tests[-2000:]
     assert "SUMMARY projection: troll vs clip" in (out / "projection.txt").read_text()
     checks = (out / "checks.txt").read_text()
-    assert "# troll.check: passed" in checks and "FAILED" not in checks, checks[-2000:]
+    assert "# troll check: passed" in checks and "FAILED" not in checks, checks[-2000:]
     assert len(re.findall(r"^eval: .* -> ", (out / "rare.txt").read_text(), re.M)) == 2
     assert sorted(p.name for p in out.iterdir()) == sorted(
         ["lease.log", "env.txt", "tests.txt", "projection.txt", "checks.txt", "rare.txt"]
@@ -106,7 +106,7 @@ def test_every_part_runs_in_order_with_its_command(tmp_path, fake_python):
     assert res.returncode == 0 and res.stderr == "", res.stderr
     seen = calls(fake_python)
     assert [c.split()[0] for c in seen] == ["scripts/gpu_env.py", "-m", "bench/projection.py", "-m", "-m", "-m"]
-    assert "troll.check --shape tiny" in seen[1] and "--head 72 --profile" in seen[2]
+    assert "troll check --shape tiny" in seen[1] and "--head 72 --profile" in seen[2]
     assert "pytest -m gpu tests/test_gpu.py" in seen[3]
     assert [re.search(r"--loss (\S+)", c)[1] for c in seen[4:]] == ["troll", "ppo_clip"]
     assert sorted(p.name for p in out.iterdir()) == sorted(["lease.log", *(f"{f}.txt" for f in FILES)])

@@ -1,4 +1,4 @@
-"""GSM8K task: loading, prompts, answer extraction and the 0/1 reward (troll/gsm8k.py)."""
+"""GSM8K task: loading, prompts, answer extraction and the 0/1 reward (troll/tasks/gsm8k.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 from tokenizers import Tokenizer, models
 from transformers import PreTrainedTokenizerFast
 
-from troll.gsm8k import extract_answer, is_hub_name, load_gsm8k, make_prompt, reward
+from troll.tasks.gsm8k import extract_answer, is_hub_name, load_gsm8k, make_prompt, reward
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -315,8 +315,8 @@ def test_chat_prompt_with_a_system_message() -> None:
     ],
 )
 def test_a_completion_cut_at_the_limit_is_scored_by_what_it_completed(completion, completed, score) -> None:
-    from troll.gsm8k import cut_number
-    from troll.task import Task, rewards_of
+    from troll.tasks.gsm8k import cut_number
+    from troll.tasks.task import Task, rewards_of
 
     assert cut_number(completion) == completed
     task = Task([], [], str, reward, cut=cut_number)

@@ -1,4 +1,4 @@
-"""The run directory survives faults and misuse (troll/harness.py, troll/checkpoint.py): every interruption is
+"""The run directory survives faults and misuse (troll/run/harness.py, troll/base/checkpoint.py): every interruption is
 resumable, a directory belongs to one run, resume says what changes, damaged files are named."""
 
 import dataclasses
@@ -16,9 +16,9 @@ from test_damage import invoke
 from test_misuse import tree
 from test_train import rows, tiny
 
-from troll.checkpoint import complete_checkpoints, read_jsonl, truncate_jsonl
-from troll.config import Config
-from troll.harness import MARKER, Run, RunError
+from troll.base.checkpoint import complete_checkpoints, read_jsonl, truncate_jsonl
+from troll.base.config import Config
+from troll.run.harness import MARKER, Run, RunError
 from troll.train import train
 
 pytestmark = pytest.mark.usefixtures("varied_reward")
@@ -26,12 +26,12 @@ pytestmark = pytest.mark.usefixtures("varied_reward")
 
 @pytest.fixture
 def varied_reward(monkeypatch):
-    monkeypatch.setattr("troll.addition.reward", lambda completion, gold: float(len(completion) % 2))
+    monkeypatch.setattr("troll.tasks.addition.reward", lambda completion, gold: float(len(completion) % 2))
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
-    return subprocess.run([sys.executable, "-m", "troll.train", *args], capture_output=True, text=True, env=env)
+    return subprocess.run([sys.executable, "-m", "troll", "train", *args], capture_output=True, text=True, env=env)
 
 
 def test_torn_metrics_line_is_repaired_on_resume(tmp_path):
@@ -84,7 +84,7 @@ def test_truncation_drops_a_row_without_an_integer_step_with_a_warning(tmp_path,
 def test_killed_during_the_first_checkpoint_restarts_or_resumes(tmp_path, monkeypatch, capsys):
     """Killed while the step-0 checkpoint is written (a temporary folder, no `latest`): the same command starts
     the run again, and `--resume true` does too."""
-    import troll.checkpoint as checkpoint
+    import troll.base.checkpoint as checkpoint
 
     cfg = tiny(tmp_path, steps=1)
 
@@ -92,20 +92,20 @@ def test_killed_during_the_first_checkpoint_restarts_or_resumes(tmp_path, monkey
         (out / "checkpoints" / ".tmp-step-000000").mkdir(parents=True)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("troll.harness.save_checkpoint", killed)
+    monkeypatch.setattr("troll.run.harness.save_checkpoint", killed)
     with pytest.raises(KeyboardInterrupt):
         train(cfg)
-    monkeypatch.setattr("troll.harness.save_checkpoint", checkpoint.save_checkpoint)
+    monkeypatch.setattr("troll.run.harness.save_checkpoint", checkpoint.save_checkpoint)
     capsys.readouterr()
     train(cfg)
     assert "stopped before its first checkpoint" in capsys.readouterr().out
     assert [m["step"] for m in rows(tmp_path / "run")] == [1]
 
     other = tiny(tmp_path / "b", steps=1)
-    monkeypatch.setattr("troll.harness.save_checkpoint", killed)
+    monkeypatch.setattr("troll.run.harness.save_checkpoint", killed)
     with pytest.raises(KeyboardInterrupt):
         train(other)
-    monkeypatch.setattr("troll.harness.save_checkpoint", checkpoint.save_checkpoint)
+    monkeypatch.setattr("troll.run.harness.save_checkpoint", checkpoint.save_checkpoint)
     train(dataclasses.replace(other, resume=True))
     assert "no checkpoint to resume from yet" in capsys.readouterr().out
     assert [m["step"] for m in rows(tmp_path / "b" / "run")] == [1]
@@ -262,7 +262,7 @@ def test_a_resume_change_is_recorded_even_if_killed_before_the_next_checkpoint(t
 
 @pytest.mark.slow
 def test_batches_sampled_ahead_resume_from_any_entry_point(tmp_path):
-    """A checkpoint written by `python -m troll.train --staleness 1` holds its pending batch as troll.rollout.Batch,
+    """A checkpoint written by `troll train --staleness 1` holds its pending batch as troll.rollout.Batch,
     so the API (or a notebook, or the study) resumes it too."""
     from troll.rollout import Batch
 
@@ -278,7 +278,8 @@ def test_batches_sampled_ahead_resume_from_any_entry_point(tmp_path):
 
 def test_a_pending_batch_saved_with_a_field_since_removed_loads(tmp_path):
     """Checkpoints written before Batch lost its `behaviour` field (the rare task's share of marked samples, now
-    computed by troll.diagnostics) hold it in every pending batch: torch.load still gives a Batch, field set aside."""
+    computed by troll.run.diagnostics) hold it in every pending batch: torch.load still gives a Batch, field set
+    aside."""
     from troll.rollout import Batch
 
     batch = Batch(None, torch.ones(4), torch.zeros(4), torch.Generator().manual_seed(3).get_state(), 1.5, 0.5)
@@ -385,7 +386,7 @@ def test_a_failed_start_leaves_a_folder_the_same_command_starts_again(tmp_path, 
     def broken(*args, **kwargs):
         raise RuntimeError("the engine did not start")
 
-    monkeypatch.setattr("troll.start.make_generator", broken)
+    monkeypatch.setattr("troll.run.start.make_generator", broken)
     with pytest.raises(RuntimeError, match="did not start"):
         train(cfg)
     monkeypatch.undo()
@@ -416,7 +417,7 @@ def test_a_run_made_before_the_marker_resumes_and_is_marked(tmp_path, capsys):
 
 
 def resume(out: Path, *flags: str):
-    """`python -m troll.train --out OUT --resume true FLAGS`, in this process (test_damage.invoke)."""
+    """`troll train --out OUT --resume true FLAGS`, in this process (test_damage.invoke)."""
     return invoke("troll.train", "--out", str(out), "--resume", "true", *flags)
 
 
@@ -520,8 +521,8 @@ def test_a_damaged_config_is_written_again_only_after_every_check(tmp_path):
 
 def test_a_run_keeps_its_starting_point_and_its_last_two_checkpoints(tmp_path):
     """Checkpoints rotate (the last two are kept), but step 0's, the warm-started model before the first RL step,
-    stays, so troll.evaluate scores the run before and after: here its weights are the model's before training."""
-    from troll.policy import build_model
+    stays, so troll.tools.evaluate scores the run before and after: here its weights are the model's before training."""
+    from troll.models.build import build_model
 
     cfg = tiny(tmp_path, steps=4, save_every=1)
     before = {k: v.clone() for k, v in build_model(cfg, torch.device("cpu"))[0].state_dict().items()}

@@ -1,6 +1,6 @@
-"""troll.inspect: the text summary and the self-contained page (quick, from written records), the command's one-line
-refusals (subprocess), the page in headless Chromium (rendered DOM, colouring, both runs, a screenshot, no network),
-and real tiny-rare runs of every loss writing records that survive a resume."""
+"""troll.tools.inspect: the text summary and the self-contained page (quick, from written records), the command's
+one-line refusals (subprocess), the page in headless Chromium (rendered DOM, colouring, both runs, a screenshot, no
+network), and real tiny-rare runs of every loss writing records that survive a resume."""
 
 from __future__ import annotations
 
@@ -23,10 +23,11 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from study import inspect_figure
-from troll import addition, records
-from troll import inspect as tinspect
-from troll.cli import UsageError, run_command
-from troll.config import Config
+from troll.base.cli import UsageError, run_command
+from troll.base.config import Config
+from troll.run import records
+from troll.tasks import addition
+from troll.tools import inspect as tinspect
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -53,7 +54,7 @@ def row(step: int, loss: str, texts: list[str] = TEXTS) -> dict:
 
 def fake_run(root: Path, name: str, loss: str, steps=(5, 10), texts: list[str] = TEXTS,
              evals: dict[int, float] | None = None) -> Path:  # fmt: skip
-    """A run folder holding what troll.inspect reads: config.json, tokens.jsonl and (with `evals`) metrics.jsonl's
+    """A run folder holding what troll.tools.inspect reads: config.json, tokens.jsonl and (with `evals`) metrics.jsonl's
     evaluation rows."""
     out = root / name
     out.mkdir()
@@ -66,7 +67,8 @@ def fake_run(root: Path, name: str, loss: str, steps=(5, 10), texts: list[str] =
 
 
 def loaded(run: Path) -> tuple[str, dict, list[dict], dict[int, float]]:
-    """A run as troll.inspect's page takes it: its name, config, every records row (read whole) and evaluations."""
+    """A run as troll.tools.inspect's page takes it: its name, config, every records row (read whole) and
+    evaluations."""
     cfg, recs, evals = tinspect.load(str(run))
     return str(run), cfg, recs.rows(), evals
 
@@ -181,7 +183,7 @@ def test_steps_and_files_are_refused_with_the_way_forward(tmp_path):
 
 
 def command(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "troll.inspect", *argv], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "troll", "inspect", *argv], cwd=ROOT, capture_output=True, text=True,
                           timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
 
 
@@ -189,7 +191,7 @@ def refused(result: subprocess.CompletedProcess, *words: str) -> None:
     assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
-    assert lines[0].startswith("python -m troll.inspect: error: ") and all(w in lines[0] for w in words), lines[0]
+    assert lines[0].startswith("troll inspect: error: ") and all(w in lines[0] for w in words), lines[0]
 
 
 @pytest.mark.slow
@@ -224,7 +226,7 @@ def test_the_command_prints_writes_and_refuses_in_one_line(tmp_path):
 
 
 def inspect_in_process(*argv: str) -> tuple[int, str, str]:
-    """`python -m troll.inspect argv` in this process, through its boundary (troll.cli.run_command): the exit
+    """`troll inspect argv` in this process, through its boundary (troll.base.cli.run_command): the exit
     status, stdout and stderr (a bug's traceback included)."""
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), pytest.raises(SystemExit) as e:
@@ -232,7 +234,7 @@ def inspect_in_process(*argv: str) -> tuple[int, str, str]:
     return e.value.code, out.getvalue(), err.getvalue()
 
 
-# each field of tokens.jsonl as this test knows it, apart from troll.records' table: its kind, whether null is
+# each field of tokens.jsonl as this test knows it, apart from troll.run.records' table: its kind, whether null is
 # allowed, values outside its range; the per-token fields hold a list of such values, one per token
 KNOWN = {
     "step": ("integer", False, [0, -1, 2**53, 10**20]),  # from 2**53 on, JavaScript's numbers run together
@@ -295,7 +297,7 @@ DAMAGES = damages()
 
 
 def path_name(path: tuple) -> str:
-    """("samples", 0, "q", 3) as troll.records names it: samples[0].q[3]."""
+    """("samples", 0, "q", 3) as troll.run.records names it: samples[0].q[3]."""
     return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".")
 
 
@@ -336,7 +338,7 @@ def refused_naming(status: int, err: str, run: Path, line: int, where: str) -> N
     """Exit 2 with one line, no traceback, naming the file, the line and the field (`where`, or a field under it)."""
     lines = err.strip().splitlines()
     assert status == 2 and len(lines) == 1 and "Traceback" not in err, (status, err[-3000:])
-    said = re.fullmatch(r"python -m troll\.inspect: error: (.*) line (\d+): (\S+) .*", lines[0])
+    said = re.fullmatch(r"troll inspect: error: (.*) line (\d+): (\S+) .*", lines[0])
     assert said and said[1] == str(run / records.FILE) and said[2] == str(line), lines[0]
     assert said[3] == where or said[3].startswith((where + "[", where + ".")), (where, lines[0])
 
@@ -350,7 +352,7 @@ def config_run(root: Path) -> Path:
 
 def test_every_damage_of_every_field_is_one_line_naming_the_file_line_and_field(tmp_path):
     """The sweep: each damage of each field (the test's own list, KNOWN), in the second of two samples, at its
-    last token, on line 4 after a good row and blank lines. A new field in troll.records' table must join KNOWN."""
+    last token, on line 4 after a good row and blank lines. A new field in troll.run.records' table must join KNOWN."""
     assert set(KNOWN) == set(records.ROW) | set(records.SAMPLE_KEYS) and set(PER_TOKEN) == set(records.FIELDS)
     run = config_run(tmp_path)
     for kind, path, action, value in DAMAGES:
@@ -423,7 +425,7 @@ def test_any_value_in_any_field_is_shown_or_refused_in_one_line_never_a_tracebac
     ],
 )
 def test_the_issues_rows_are_refused_in_one_line(tmp_path, field, value, says):
-    """The rows of the issue: each passed troll.records' old checks and ended troll.inspect in a traceback."""
+    """The rows of the issue: each passed troll.run.records' old checks and ended troll.tools.inspect in a traceback."""
     run = config_run(tmp_path)
     bad = row(1, "troll")
     bad["samples"][0][field] = value
@@ -647,18 +649,18 @@ def test_the_committed_figure_records_are_what_its_command_makes_today(tmp_path)
 
 
 def train(out: Path, *flags: str) -> subprocess.CompletedProcess:
-    argv = [sys.executable, "-m", "troll.train", "--preset", "tiny-rare", "--out", str(out), "--steps", "2",
+    argv = [sys.executable, "-m", "troll", "train", "--preset", "tiny-rare", "--out", str(out), "--steps", "2",
             "--sft_steps", "20", "--sft_target", "0", "--prompts_per_step", "4", "--eval_size", "20",
             "--eval_every", "1", "--save_every", "1", *flags]  # fmt: skip
     if "--resume" in flags:  # a resumed run keeps the settings in its config.json
-        argv = [sys.executable, "-m", "troll.train", "--out", str(out), *flags]
+        argv = [sys.executable, "-m", "troll", "train", "--out", str(out), *flags]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_WAIT_POLICY": "PASSIVE"}
     return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
 
 
 def re_derived(row: dict, sample: dict) -> tuple[list[int], list[int]]:
     """A sample's projected and clipped flags from its stored figures alone: KL > eps, and PPO-clip's rule on
-    exp(log_ratio), or under --level sequence on GSPO's exp(mean log_ratio) (written here, not troll.records')."""
+    exp(log_ratio), or under --level sequence on GSPO's exp(mean log_ratio) (written here, not troll.run.records')."""
     lr, a, n = sample["log_ratio"], sample["adv"], len(sample["text"])
     ratios = [math.exp(math.fsum(lr) / n)] * n if row["level"] == "sequence" and n else [math.exp(x) for x in lr]
     clipped = [int((a > 0 and r > 1 + row["clip_high"]) or (a < 0 and r < 1 - row["clip_low"])) for r in ratios]

@@ -16,13 +16,13 @@ pytest.importorskip("peft")
 from test_train import rows, straight_and_resumed, tiny  # noqa: E402
 
 from troll import lora  # noqa: E402
-from troll.checkpoint import read_jsonl  # noqa: E402
-from troll.config import Config  # noqa: E402
-from troll.export import export  # noqa: E402
-from troll.harness import RunError  # noqa: E402
-from troll.policy import adapt, base_dtype, build_model  # noqa: E402
-from troll.task import encode  # noqa: E402
-from troll.tiny import tiny_llama, train_tokenizer  # noqa: E402
+from troll.base.checkpoint import read_jsonl  # noqa: E402
+from troll.base.config import Config  # noqa: E402
+from troll.models.build import adapt, base_dtype, build_model  # noqa: E402
+from troll.models.tiny import tiny_llama, train_tokenizer  # noqa: E402
+from troll.run.harness import RunError  # noqa: E402
+from troll.tasks.task import encode  # noqa: E402
+from troll.tools.export import export  # noqa: E402
 from troll.train import train  # noqa: E402
 
 TOKENS = torch.tensor([[5, 17, 42, 9, 33, 2, 71, 8]])
@@ -31,7 +31,7 @@ TOKENS = torch.tensor([[5, 17, 42, 9, 33, 2, 71, 8]])
 @pytest.fixture
 def varied_reward(monkeypatch):
     """A reward a random policy can earn (1 for an odd-length completion), so every update moves the adapters."""
-    monkeypatch.setattr("troll.addition.reward", lambda completion, gold: float(len(completion) % 2))
+    monkeypatch.setattr("troll.tasks.addition.reward", lambda completion, gold: float(len(completion) % 2))
 
 
 def base_model():
@@ -188,7 +188,7 @@ def test_export_merges_a_run_into_a_plain_model(tmp_path, varied_reward):
     lora_model, tokenizer = build_model(Config.load(out / "config.json"), torch.device("cpu"), out / "checkpoints" /
                                         "step-000002")  # fmt: skip
     ids = torch.tensor([tokenizer.encode("12+34=")])
-    done = subprocess.run([sys.executable, "-m", "troll.export", str(out), "--out", str(tmp_path / "merged")],
+    done = subprocess.run([sys.executable, "-m", "troll", "export", str(out), "--out", str(tmp_path / "merged")],
                           capture_output=True, text=True)  # fmt: skip
     assert done.returncode == 0, done.stderr
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
@@ -210,7 +210,7 @@ def test_export_merges_a_run_into_a_plain_model(tmp_path, varied_reward):
 def test_export_misuse_is_one_line(tmp_path, argv, problem):
     (tmp_path / "run").mkdir()
     argv = [a.format(run=tmp_path / "run", tmp=tmp_path) for a in argv]
-    done = subprocess.run([sys.executable, "-m", "troll.export", *argv], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "troll", "export", *argv], capture_output=True, text=True)
     assert done.returncode == 2 and problem in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "m").exists()
 
@@ -234,8 +234,8 @@ def test_vllm_follows_the_lora_model_after_every_push(tmp_path, monkeypatch, tar
     pytest.importorskip("vllm")
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-    from troll.standin import save_standin
-    from troll.vllm_engine import VLLMGenerator
+    from troll.models.standin import save_standin
+    from troll.models.vllm_engine import VLLMGenerator
 
     path = save_standin("tiny", ["1+2=3", "40+2=42", "the sum of 7 and 5"], tmp_path / "standin")
     from transformers import AutoModelForCausalLM, AutoTokenizer

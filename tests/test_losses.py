@@ -248,8 +248,9 @@ def test_the_baselines_defaults_and_where_they_come_from():
     - CISPO's eps_high 0.2 (cap 1.2): verl's CISPO example (clip_ratio_high=0.2, clip_ratio_low=10: no lower bound);
       the MiniMax-M1 paper tunes only this bound and gives no value;
     - PPO's 0.2 / 0.2.
-    The trainer's config holds the same values (troll.config imports no torch)."""
-    from troll import config, losses
+    The trainer's config holds the same values (troll.base.config imports no torch)."""
+    from troll import losses
+    from troll.base import config
 
     assert losses.DPPO_RATIO_CAP == 10.0
     assert losses.DPPO_THRESHOLDS == {"binary_tv": 0.15, "binary_kl": 0.05, "topk_tv": 0.15, "topk_kl": 0.05}
@@ -330,9 +331,9 @@ def ragged_batch(seed=0, b=3, t=4, v=7, old_logits=False):
 
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
 def test_the_textbook_clip_is_ppo_clip_in_value_and_gradient(agg):
-    """troll.watch.textbook_clip, the reference the update comparison times (whole logits, one log-softmax), is
+    """troll.tools.watch.textbook_clip, the reference the update comparison times (whole logits, one log-softmax), is
     this repository's ppo_clip per token: the same loss, clip share and gradient, in float64 on a ragged batch."""
-    from troll.watch import textbook_clip
+    from troll.tools.watch import textbook_clip
 
     logits, tokens, mask, adv, old = ragged_batch()
     ours, m = ppo_clip(logits, tokens, mask, adv, old, k=4, delta=1e-3, agg=agg, norm_len=5)
@@ -491,7 +492,7 @@ def test_troll_at_sequence_level_is_a_mean_over_sequences_by_default():
     with TROLL's projected ratios, the regression term mean_i of each response's mean KL(p || sg(pi*)). Bit for bit
     the named mode; with nothing projected (eps large) the policy term is GSPO's unclipped objective from the
     paper's formula. The token mean gives another value. The library's and the config's defaults are one table."""
-    from troll import config
+    from troll.base import config
 
     logits, tokens, mask, adv, old, old_logits = gspo_batch()
     kw = dict(k=3, delta=1e-3, eps=0.01)

@@ -1,11 +1,11 @@
-"""troll.memory: the fixed-cost arithmetic, monotonicity of the micro-batch in GPU memory, and the errors; the LoRA
-model's terms, adapter counts against PEFT's, the two phases of a colocated step, and the fits table."""
+"""troll.models.memory: the fixed-cost arithmetic, monotonicity of the micro-batch in GPU memory, and the errors; the
+LoRA model's terms, adapter counts against PEFT's, the two phases of a colocated step, and the fits table."""
 
 import dataclasses
 
 import pytest
 
-from troll.memory import (
+from troll.models.memory import (
     GIB,
     LORA,
     LORA_MEASURED,
@@ -109,7 +109,7 @@ def test_adapter_count_is_peft_own_count():
     stand-in, all-linear (not the output layer) and a named subset."""
     pytest.importorskip("peft")
     from troll.lora import add_adapters
-    from troll.standin import build
+    from troll.models.standin import build
 
     for rank, targets in ((4, "all-linear"), (8, "q_proj,v_proj")):
         model = add_adapters(build("tiny", vocab=320), rank, 32.0, targets)
@@ -137,8 +137,8 @@ def test_lora_peak_by_hand():
     assert lora_peak_bytes("qwen3-1.7b", 16384, bf16=False) == pytest.approx(cpu)
     unchunked = lora_peak_bytes("qwen3-1.7b", 1000, bf16=False, chunk=0)
     assert unchunked == pytest.approx(4 * P + 16 * A + GIB + (act + 0.8 * V * 12) * 1000)
-    # CPU dress rehearsal (troll.check): head buffers at the completion rows + activations (+ the adapters' grads and
-    # AdamW states in step 1; later the previous step's grads are resident when the window opens), or the old
+    # CPU dress rehearsal (troll.tools.check): head buffers at the completion rows + activations (+ the adapters'
+    # grads and AdamW states in step 1; later the previous step's grads are resident when the window opens), or the old
     # policy's pass over the batch (head buffers at its completion rows), whichever is larger
     assert lora_cpu_excess("qwen3-1.7b", 600, 128) == pytest.approx(2 * 128 * V * 4 + act * 600 + 12 * A)
     assert lora_cpu_excess("qwen3-1.7b", 600, 128, first_step=False) == pytest.approx(2 * 128 * V * 4 + act * 600)
@@ -151,7 +151,7 @@ def test_lora_peak_by_hand():
 
 
 def layer_count(name: str) -> int:
-    """5 H + 3 (q + 2 kv) + 4 I: the floats one layer saves per token, counted (troll.memory's LORA comment)."""
+    """5 H + 3 (q + 2 kv) + 4 I: the floats one layer saves per token, counted (troll.models.memory's LORA comment)."""
     lin = linear_shapes(name)
     h, q, kv, mlp = lin["q_proj"][0], lin["q_proj"][1], lin["k_proj"][1], lin["gate_proj"][1]
     return 5 * h + 3 * (q + 2 * kv) + 4 * mlp
@@ -230,8 +230,8 @@ def test_fits_table_is_reproducible():
 def test_auto_micro_batch_uses_the_lora_model(monkeypatch):
     import torch
 
-    from troll.config import Config
-    from troll.harness import auto_micro_batch
+    from troll.base.config import Config
+    from troll.run.harness import auto_micro_batch
 
     gpu = type("Props", (), {"total_memory": 24 * GIB})()
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: gpu)

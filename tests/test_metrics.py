@@ -1,8 +1,8 @@
-"""The merge rule for metrics of parts (troll/metrics.py), shared by troll.train and troll.integrations.trl."""
+"""The merge rule for metrics of parts (troll/base/metrics.py), shared by troll.train and troll.integrations.trl."""
 
 import pytest
 
-from troll.metrics import merge
+from troll.base.metrics import merge
 
 
 def test_max_min_and_weighted_mean():
@@ -29,7 +29,7 @@ def test_optional_backends_are_imported_only_when_asked_for():
     import subprocess
     import sys
 
-    code = "import sys, troll.train, troll.metrics; print(sorted({'wandb', 'tensorboard'} & set(sys.modules)))"
+    code = "import sys, troll.train, troll.base.metrics; print(sorted({'wandb', 'tensorboard'} & set(sys.modules)))"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "[]\n"
 
 
@@ -39,7 +39,7 @@ def test_wandb_logger_sends_numeric_keys_at_the_row_step(tmp_path, monkeypatch):
     import sys
     import types
 
-    from troll.metrics import Logger
+    from troll.base.metrics import Logger
 
     calls = []
     fake = types.ModuleType("wandb")
@@ -59,7 +59,7 @@ def test_wandb_logger_sends_numeric_keys_at_the_row_step(tmp_path, monkeypatch):
 
 
 def test_no_logger_does_nothing(tmp_path):
-    from troll.metrics import Logger
+    from troll.base.metrics import Logger
 
     logger = Logger("none", tmp_path, {})
     logger.log({"step": 1, "reward": 1.0})

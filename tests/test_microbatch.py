@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from torch import Tensor
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from troll.config import ACTS_ONLY, Config
+from troll.base.config import ACTS_ONLY, Config
 from troll.losses import AGGREGATIONS, LEVELS, LOSSES
 from troll.policy import rollout_logits
 from troll.rollout import Batch, Rollouts

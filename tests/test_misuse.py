@@ -28,7 +28,7 @@ import pytest
 import torch
 from test_commands import GOOD, ROOT, command
 
-from troll.config import Config
+from troll.base.config import Config
 from troll.sparse import sparsify_topk
 
 NO_VLLM = (
@@ -96,10 +96,10 @@ def workdir(tmp_path: Path) -> Path:
 MISUSE = [  # (command, flags with {w} for the work folder, words of the error line)
     ("troll.train", ["--out", "{w}/file/run"], ["--out", "Not a directory"]),
     ("troll.train", ["--out", "{w}/new", "--task", "gsm8k", "--data", "{w}/one.jsonl"], ["1 of the 1 test problems"]),
-    ("troll.evaluate", ["--model", "{w}/run", "--data", "{w}/gsm8k"], ["also training problems", "held-out"]),
-    ("troll.evaluate", ["--model", "{w}/run", "--data", "{w}/gsm8k", "--out", "{w}/file/x"], ["is a file"]),
-    ("troll.export", ["{w}/gsm8k", "--out", "{w}/merged"], ["not a LoRA run"]),
-    ("troll.plot", ["{w}/gsm8k", "--out", "{w}/plots"], ["metrics.jsonl"]),
+    ("troll.tools.evaluate", ["--model", "{w}/run", "--data", "{w}/gsm8k"], ["also training problems", "held-out"]),
+    ("troll.tools.evaluate", ["--model", "{w}/run", "--data", "{w}/gsm8k", "--out", "{w}/file/x"], ["is a file"]),
+    ("troll.tools.export", ["{w}/gsm8k", "--out", "{w}/merged"], ["not a LoRA run"]),
+    ("troll.tools.plot", ["{w}/gsm8k", "--out", "{w}/plots"], ["metrics.jsonl"]),
 ]
 if not torch.cuda.is_available():
     MISUSE.append(("troll.train", ["--out", "{w}/new", "--device", "cuda"], ["--device cuda", "--device cpu"]))
@@ -118,18 +118,18 @@ def test_misuse_is_one_line_and_writes_nothing(workdir, module, flags, words):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("module", "flags"),
-    [("troll.train", ["--backend", "vllm"]), ("troll.evaluate", ["--model", "{w}/run", "--backend", "vllm"])],
+    [("troll.train", ["--backend", "vllm"]), ("troll.tools.evaluate", ["--model", "{w}/run", "--backend", "vllm"])],
 )
 def test_a_missing_vllm_is_refused_before_anything_is_written(workdir, module, flags):
     before = files(workdir)
     out = ["--out", str(workdir / "new")]
-    data = ["--data", str(workdir / "gsm8k")] if module == "troll.evaluate" else []  # train: addition, no --data
+    data = ["--data", str(workdir / "gsm8k")] if module == "troll.tools.evaluate" else []  # train: addition, no --data
     one_line(without_vllm(module, *out, *data, *(f.format(w=workdir) for f in flags)), 2, "vllm", "--backend hf")
     assert files(workdir) == before
     assert not (workdir / "new").exists()
 
 
-# ------------------------------------------------------------------- files that are not the command's: troll.plot
+# ------------------------------------------------------------------- files that are not the command's: troll.tools.plot
 
 
 @pytest.fixture
@@ -141,8 +141,8 @@ def plotted_run(tmp_path: Path) -> Path:
 
 
 def plot(capsys, *argv: str) -> tuple[int, str]:
-    """`python -m troll.plot argv` in this process: its exit status and stderr."""
-    from troll.plot import main
+    """`troll plot argv` in this process: its exit status and stderr."""
+    from troll.tools.plot import main
 
     try:
         main(list(argv))
@@ -153,7 +153,8 @@ def plot(capsys, *argv: str) -> tuple[int, str]:
 
 
 def png_of_matplotlib(path: Path) -> None:
-    """A figure matplotlib writes without troll.plot's mark: someone's, or one troll.plot wrote before it had one."""
+    """A figure matplotlib writes without troll.tools.plot's mark: someone's, or one troll.tools.plot wrote before it
+    had one."""
     from matplotlib.figure import Figure
 
     fig = Figure()
@@ -163,7 +164,8 @@ def png_of_matplotlib(path: Path) -> None:
 
 @pytest.mark.parametrize("kind", ["a file", "a figure", "a link", "a dangling link", "a folder"])
 def test_plot_never_replaces_or_writes_through_what_it_did_not_write(plotted_run, tmp_path, capsys, kind):
-    """A metrics.png in --out that troll.plot did not write (a user's file, a figure without its mark, a folder) or a
+    """A metrics.png in --out that troll.tools.plot did not write (a user's file, a figure without its mark, a folder)
+    or a
     symbolic link of that name (to a user's file, or to none): one line naming it, exit 2, every byte as it was."""
     out = tmp_path / "plots"
     out.mkdir()
@@ -188,8 +190,8 @@ def test_plot_never_replaces_or_writes_through_what_it_did_not_write(plotted_run
 
 
 def test_plot_replaces_its_own_figure(plotted_run, tmp_path, capsys):
-    """A figure troll.plot wrote carries its mark: the same command replaces it, and nothing else is left."""
-    from troll.plot import marked
+    """A figure troll.tools.plot wrote carries its mark: the same command replaces it, and nothing else is left."""
+    from troll.tools.plot import marked
 
     out = tmp_path / "plots"
     assert plot(capsys, str(plotted_run), "--out", str(out)) == (0, "")
@@ -210,7 +212,7 @@ TINY = ["--sft_steps", "0", "--eval_size", "4", "--eval_every", "1", "--save_eve
 def finished_run(tmp_path_factory) -> Path:
     """A tiny run of 2 steps with a checkpoint at each."""
     out = tmp_path_factory.mktemp("base") / "run"
-    result = command("-m", "troll.train", "--out", str(out), "--steps", "2", *TINY)
+    result = command("-m", "troll", "train", "--out", str(out), "--steps", "2", *TINY)
     assert result.returncode == 0, result.stderr[-3000:]
     return out
 
@@ -240,7 +242,7 @@ def test_a_damaged_run_file_is_repaired_and_the_run_goes_on(finished_run, tmp_pa
     shutil.copytree(finished_run, run)
     harm, said = DAMAGE[damage]
     harm(run)
-    result = command("-m", "troll.train", "--out", str(run), "--resume", "true", "--steps", "3")
+    result = command("-m", "troll", "train", "--out", str(run), "--resume", "true", "--steps", "3")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     assert said in result.stdout + result.stderr
@@ -257,7 +259,7 @@ def test_no_whole_checkpoint_names_the_command_that_continues(finished_run, tmp_
     for ckpt in (run / "checkpoints").glob("step-*"):
         (ckpt / "trainer.pt").write_bytes((ckpt / "trainer.pt").read_bytes()[:100])
     before = files(run)
-    result = command("-m", "troll.train", "--out", str(run), "--resume", "true", "--steps", "3")
+    result = command("-m", "troll", "train", "--out", str(run), "--resume", "true", "--steps", "3")
     one_line(result, 2, "no checkpoint", "is whole", "another --out")
     assert files(run) == before
 
@@ -276,7 +278,7 @@ def as_from_a_shell() -> None:
 @pytest.mark.slow
 def test_ctrl_c_says_how_to_continue(tmp_path):
     out = tmp_path / "run"
-    argv = [sys.executable, "-m", "troll.train", "--out", str(out), "--steps", "500", *TINY]
+    argv = [sys.executable, "-m", "troll", "train", "--out", str(out), "--steps", "500", *TINY]
     proc = subprocess.Popen(
         argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=as_from_a_shell
     )
@@ -286,14 +288,14 @@ def test_ctrl_c_says_how_to_continue(tmp_path):
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=300)
     result = subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
-    one_line(result, -signal.SIGINT, "interrupted", f"python -m troll.train --out {out} --resume true")
+    one_line(result, -signal.SIGINT, "interrupted", f"troll train --out {out} --resume true")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "argv, prog",
     [
-        (["-m", "troll.check", "--shape", "tiny", "--backend", "hf", "--out", "{tmp}/check"], "python -m troll.check"),
+        (["-m", "troll", "check", "--shape", "tiny", "--backend", "hf", "--out", "{tmp}/check"], "troll check"),
         (["bench/step.py"], "python bench/step.py"),
     ],
     ids=["check", "bench"],
@@ -322,7 +324,7 @@ def test_ctrl_c_in_the_check_and_a_benchmark_is_one_line(tmp_path, argv, prog):
 def test_ctrl_c_in_the_checks_child_process_is_one_line(tmp_path):
     """Ctrl-C as a terminal (or `timeout --signal=INT`) sends it, to the whole process group, while the check's
     watched run works in its child process: one line, ended by SIGINT, no traceback from either process."""
-    argv = [sys.executable, "-m", "troll.check", "--shape", "tiny", "--backend", "hf", "--out", str(tmp_path / "c")]
+    argv = [sys.executable, "-m", "troll", "check", "--shape", "tiny", "--backend", "hf", "--out", str(tmp_path / "c")]
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=as_from_a_shell, start_new_session=True)  # fmt: skip
     deadline = time.time() + 300
@@ -331,7 +333,10 @@ def test_ctrl_c_in_the_checks_child_process_is_one_line(tmp_path):
     os.killpg(proc.pid, signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=300)
     one_line(
-        subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr), -signal.SIGINT, "troll.check", "interrupted"
+        subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr),
+        -signal.SIGINT,
+        "troll.tools.check",
+        "interrupted",
     )
 
 

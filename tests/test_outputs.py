@@ -1,14 +1,14 @@
-"""Only its own files (troll.outputs, docs/misuse.md): every command with an output path, against everything a user may
-have left where it writes, generated over the commands and over the kinds of foreign content:
+"""Only its own files (troll.base.outputs, docs/misuse.md): every command with an output path, against everything a user
+may have left where it writes, generated over the commands and over the kinds of foreign content:
 
 - a user's file of an output's name, a symbolic link to a user's file, a link to nothing, a folder of that name: exit
   2, one line naming it, every byte and link under the test's folder as it was; except a user's file where the user
-  named the output file itself (troll.inspect --out page.html, a benchmark's --json), which is replaced, as a tool's
-  `-o` replaces it;
+  named the output file itself (troll inspect --out page.html, a benchmark's --json), which is replaced, as a
+  tool's `-o` replaces it;
 - a user's unrelated file in the output folder: exit 0, that file as it was;
 - the command's own earlier output (damaged, even): replaced whole on a rerun, nothing else left beside it.
 
-Each command runs in this process through its boundary (troll.cli.run_command), on the smallest input that makes it
+Each command runs in this process through its boundary (troll.base.cli.run_command), on the smallest input that makes it
 write: a tiny model, a fake run's records, the committed results files.
 """
 
@@ -29,11 +29,11 @@ from unittest import mock
 import pytest
 from test_misuse import tree
 
-from troll import outputs
-from troll.cli import UsageError, run_command
+from troll.base import outputs
+from troll.base.cli import UsageError, run_command
 
 ROOT = Path(__file__).resolve().parents[1]
-INSPECT = "python -m troll.inspect"
+INSPECT = "troll inspect"
 KINDS = ("a file", "a link", "a dangling link", "a folder", "an unrelated file")
 USER_BYTES = b"the user's own bytes\n"
 
@@ -42,13 +42,13 @@ USER_BYTES = b"the user's own bytes\n"
 
 
 def evaluate(argv: list[str]) -> None:
-    from troll.evaluate import main
+    from troll.tools.evaluate import main
 
     main(argv)
 
 
 def inspect(argv: list[str]) -> None:
-    from troll.inspect import main
+    from troll.tools.inspect import main
 
     main(argv)
 
@@ -66,7 +66,7 @@ def inspect_figure(argv: list[str]) -> None:
     from study import inspect_figure as figure
 
     def train(work: Path, name: str) -> Path:
-        from troll.config import Config
+        from troll.base.config import Config
 
         (work / "runs").mkdir(exist_ok=True)
         run = make(work / "runs", f"tiny-rare-{name}", "troll" if name == "troll" else "ppo_clip",
@@ -148,8 +148,8 @@ def inputs(tmp_path_factory) -> Iterator[None]:
 
 def tiny_model() -> Path:
     """A tiny addition model folder (tests/test_evaluate.py's `addition_dir`), made once."""
-    from troll import addition
-    from troll.tiny import save_tiny, tiny_llama, train_tokenizer
+    from troll.models.tiny import save_tiny, tiny_llama, train_tokenizer
+    from troll.tasks import addition
 
     folder = INPUTS[-1] / "model"
     if not folder.is_dir():
@@ -160,7 +160,7 @@ def tiny_model() -> Path:
 
 
 def fake_run() -> Path:
-    """A run folder holding records troll.inspect shows (tests/test_inspect.py's `fake_run`), made once."""
+    """A run folder holding records troll.tools.inspect shows (tests/test_inspect.py's `fake_run`), made once."""
     from test_inspect import fake_run as make
 
     return INPUTS[-1] / "run" if (INPUTS[-1] / "run").is_dir() else make(INPUTS[-1], "run", "troll")
@@ -171,13 +171,13 @@ CALIBRATE = ["--calibrate", "--variants", "ppo_clip", "--lrs", "1e-4", "--off_po
              "--eval_every", "1", "--eval_size", "2", "--sft_steps", "1"]  # fmt: skip
 WARM = ["--seeds", "0", "--lrs", "1e-4", "--sources", "none", "--losses", "troll", "--steps", "1", "--eval_size", "2"]
 CASES = {
-    "troll.evaluate": Case(
-        "python -m troll.evaluate",
+    "troll.tools.evaluate": Case(
+        "troll evaluate",
         evaluate,
         lambda w: ["--model", str(tiny_model()), *EVALUATE, "--out", str(w / "out")],
         (".troll-evaluate", "evaluation.json", "predictions.jsonl", "summary.json"),
     ),
-    "troll.inspect": Case(
+    "troll.tools.inspect": Case(
         INSPECT,
         inspect,
         lambda w: [str(fake_run()), "--out", str(w / "out" / "page.html")],
@@ -373,7 +373,7 @@ def test_marks_tell_a_commands_own_files(tmp_path):
     assert not outputs.png_marked(tmp_path / "f.png", "Software", "study.figures")
     (tmp_path / "c.json").write_text(json.dumps({"written_by": "study.run", "wall_s": 1}))
     assert outputs.json_marked(tmp_path / "c.json", "study.run") and not outputs.json_marked(tmp_path / "c.json", "x")
-    mine = outputs.Marked(tmp_path, "troll.evaluate", ["summary.json"], "--out")
+    mine = outputs.Marked(tmp_path, "troll.tools.evaluate", ["summary.json"], "--out")
     other = outputs.Marked(tmp_path, "troll.other", ["summary.json"], "--out")
     mine.claim()
     outputs.write(mine.target("summary.json"), "{}")
@@ -397,7 +397,7 @@ def test_a_log_is_kept_when_its_work_fails(tmp_path):
 
 
 def test_the_folder_of_a_named_file_is_named_when_it_is_a_file(tmp_path):
-    """`troll.inspect --out a-file/page.html`: one line saying that a-file is a file, not a folder (not that the
+    """`troll inspect --out a-file/page.html`: one line saying that a-file is a file, not a folder (not that the
     folder does not exist)."""
     (tmp_path / "a-file").write_bytes(USER_BYTES)
     page = tmp_path / "a-file" / "page.html"
@@ -409,8 +409,8 @@ def test_the_folder_of_a_named_file_is_named_when_it_is_a_file(tmp_path):
 def test_a_calibration_run_removes_only_a_run_of_its_own(tmp_path):
     """study.run --calibrate starts its run afresh: a folder troll marked as a run's, holding only a run's files, is
     removed; one with a file a run does not write, or without troll's marker, is refused, nothing removed."""
-    from study.runner import remove_run
-    from troll.harness import MARKER, MARKER_KIND
+    from study.run import remove_run
+    from troll.run.harness import MARKER, MARKER_KIND
 
     def made(name: str, extra: str | None = None, marked: bool = True) -> Path:
         out = tmp_path / name

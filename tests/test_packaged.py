@@ -1,5 +1,5 @@
-"""Packaged models (troll.packaged): the folder made from the GGUF file loads to the same logits, is made once and
-reused, and a missing package or a damaged folder is one line saying what to do."""
+"""Packaged models (troll.models.packaged): the folder made from the GGUF file loads to the same logits, is made once
+and reused, and a missing package or a damaged folder is one line saying what to do."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from troll import packaged
-from troll.cli import UsageError
-from troll.tiny import save_tiny, tiny_llama, train_tokenizer
+from troll.base.cli import UsageError
+from troll.models import packaged
+from troll.models.tiny import save_tiny, tiny_llama, train_tokenizer
 
 NAME = "smollm2-135m-instruct"
 
@@ -83,7 +83,7 @@ def test_a_missing_package_or_file_says_what_to_install(cache, monkeypatch):
 
 
 def test_the_command_refuses_an_unknown_name_in_one_line():
-    done = subprocess.run([sys.executable, "-m", "troll.packaged", "gpt2"], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "troll", "model", "gpt2"], capture_output=True, text=True)
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1 and "gpt2" in done.stderr
 
 
@@ -97,7 +97,7 @@ def test_troll_cache_that_cannot_hold_the_folder_is_one_line(tmp_path, cache, mo
         monkeypatch.setenv("TROLL_CACHE", "")
         assert packaged.cache_root() == Path.home() / ".cache" / "troll" / "models"
         return
-    done = subprocess.run([sys.executable, "-m", "troll.packaged", NAME], capture_output=True, text=True, env=env)
+    done = subprocess.run([sys.executable, "-m", "troll", "model", NAME], capture_output=True, text=True, env=env)
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
     assert "a-file" in lines[0] or "not installed" in lines[0]
@@ -112,7 +112,7 @@ def test_the_made_folder_loads_to_the_gguf_models_logits_and_tokenizer(cache):
     than the one the conversion checks."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    done = subprocess.run([sys.executable, "-m", "troll.packaged", NAME], capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-m", "troll", "model", NAME], capture_output=True, text=True, timeout=600)
     folder = cache / NAME
     assert done.returncode == 0 and done.stdout == f"{folder}\n", done.stderr[-3000:]
     assert done.stderr.startswith(f"making {folder} from ") and len(done.stderr.splitlines()) == 1, done.stderr[-3000:]

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from troll import addition
 from troll.head import LMHead
+from troll.models.tiny import tiny_llama, train_tokenizer
 from troll.policy import completion_logits
-from troll.tiny import tiny_llama, train_tokenizer
+from troll.tasks import addition
 
 
 @pytest.mark.parametrize("tied", [True, False])
@@ -39,9 +39,9 @@ def test_pad_vocab_grows_the_tokenizer_without_changing_any_encoding(tmp_path):
     ids decode to their names, special tokens keep their ids, and the saved copy loads with the same size."""
     from transformers import AutoTokenizer
 
-    from troll.config import Config
-    from troll.policy import build_model
-    from troll.tiny import pad_vocab
+    from troll.base.config import Config
+    from troll.models.build import build_model
+    from troll.models.tiny import pad_vocab
 
     tok = train_tokenizer(addition.corpus(), vocab_size=64)
     big = pad_vocab(tok, 1000)
@@ -65,9 +65,10 @@ def test_pad_vocab_grows_the_tokenizer_without_changing_any_encoding(tmp_path):
 )
 def test_tiny_tokenizer_has_a_chat_template_only_where_prompts_use_it(kw, template):
     """The addition tasks prompt with raw text ("04+85="), so their tiny tokenizer (saved with every checkpoint and
-    export) has no chat template; a tiny model on GSM8K with --chat true prompts through troll.tiny's template."""
-    from troll.config import Config
-    from troll.policy import build_model
+    export) has no chat template; a tiny model on GSM8K with --chat true prompts through troll.models.tiny's
+    template."""
+    from troll.base.config import Config
+    from troll.models.build import build_model
 
     tokenizer = build_model(Config(**kw), torch.device("cpu"))[1]
     assert (tokenizer.chat_template is not None) == template

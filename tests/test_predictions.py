@@ -1,4 +1,4 @@
-"""troll.predictions: the order of an evaluation's calls, its completions from any point it resumes at, and the
+"""troll.tools.predictions: the order of an evaluation's calls, its completions from any point it resumes at, and the
 files it continues from, read through their schema."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import random
 
 import pytest
 
-from troll.predictions import calls, completions, read_done
-from troll.schema import SchemaError
-from troll.task import stopped
+from troll.base.schema import SchemaError
+from troll.tasks.task import stopped
+from troll.tools.predictions import calls, completions, read_done
 
 
 class NumberedBackend:

@@ -1,5 +1,5 @@
-"""A real pretrained LM end to end (slow): SmolLM2-135M-Instruct, made from its PyPI package by troll.packaged, runs
-two RL steps of the `smollm2-words` preset under every loss with the transformers sampler and with vLLM's CPU
+"""A real pretrained LM end to end (slow): SmolLM2-135M-Instruct, made from its PyPI package by troll.models.packaged,
+runs two RL steps of the `smollm2-words` preset under every loss with the transformers sampler and with vLLM's CPU
 build, and vLLM follows its tied output layer after a weight push."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import math
 import pytest
 import torch
 
-from troll.config import PRESETS, Config
+from troll.base.config import PRESETS, Config
 from troll.losses import LOSSES
-from troll.policy import build_model
+from troll.models.build import build_model
 from troll.rollout import HFGenerator
-from troll.task import encode, load_task
+from troll.tasks.task import encode, load_task
 from troll.train import train
 
 pytestmark = pytest.mark.slow
@@ -48,8 +48,8 @@ def test_vllm_follows_the_real_models_tied_output_layer(monkeypatch):
     pytest.importorskip("vllm")
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-    from troll.packaged import folder
-    from troll.vllm_engine import VLLMGenerator
+    from troll.models.packaged import folder
+    from troll.models.vllm_engine import VLLMGenerator
 
     cfg = Config(**(PRESETS["smollm2-words"] | SHORT))
     model, tok = build_model(cfg, torch.device("cpu"))

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from study import real
-from troll.cli import run_command
-from troll.config import PRESETS, settings
+from study import real, real_report, real_warm
+from troll.base.cli import run_command
+from troll.base.config import PRESETS, settings
 
 T2, T1 = 4.302653, 12.706205  # t_{0.975} with 2 and 1 degrees of freedom
 
@@ -70,7 +70,7 @@ def test_the_sweep_then_each_loss_at_its_best_lr_every_run_from_its_seeds_warm_s
                  "minibatches", "steps", "eval_size", "eval_every")  # fmt: skip
         assert {k: getattr(cfg, k) for k in asked} == {k: preset[k] for k in asked}
         assert (cfg.task, cfg.chat, cfg.out) == ("words", True, f"runs/x/{run.name}")
-    warm = real.warm_config(args, 2)
+    warm = real_warm.warm_config(args, 2)
     assert (warm.model, warm.sft_steps, warm.sft_target, warm.sft_probe, warm.seed) == (
         "smollm2-135m-instruct", 40, 0.3, 64, 2)  # fmt: skip
     tiny = real.config(real.Run("troll", 1e-5, 0), real.parse(["--model", "tiny"]))
@@ -117,9 +117,10 @@ def test_the_paired_report_against_a_hand_computation(tmp_path, capsys):
     4.3027 * sd / sqrt(3) = 0.186, which holds 0: noise. The lrs chosen without the seed they score: seed 0 is the
     only sweep seed, so seeds 1 and 2 only: 0.10, -0.05, half 12.706 * sd / sqrt(2)."""
     rows = study_rows([0.55, 0.35], [0.45, 0.40])
-    assert real.best_lr(rows, "troll") == (1e-5, [0]) and real.best_lr(rows, "ppo_clip") == (2e-5, [0])
-    assert real.best_lr(rows, "troll", without=0) is None and real.best_lr(rows, "troll", without=1) == (1e-5, [0])
-    c = real.compare(rows, "troll")
+    assert real_report.best_lr(rows, "troll") == (1e-5, [0]) and real_report.best_lr(rows, "ppo_clip") == (2e-5, [0])
+    assert real_report.best_lr(rows, "troll", without=0) is None
+    assert real_report.best_lr(rows, "troll", without=1) == (1e-5, [0])
+    c = real_report.compare(rows, "troll")
     diffs, held = [0.02, 0.10, -0.05], [0.10, -0.05]
     assert (c["lr"], c["lr_baseline"], c["n"], c["held_out_n"]) == (1e-5, 2e-5, 3, 2)
     assert c["diff"][0] == pytest.approx(statistics.fmean(diffs))
@@ -146,17 +147,17 @@ def test_the_paired_report_against_a_hand_computation(tmp_path, capsys):
 
 
 def test_the_verdict_says_noise_only_when_the_interval_holds_0():
-    assert real.verdict(0.01, 0.05, 3, "troll", "ppo_clip").startswith("the interval contains 0: noise")
-    assert real.verdict(-0.04, 0.05, 3, "troll", "ppo_clip").startswith("the interval contains 0: noise")
-    assert real.verdict(0.1, 0.05, 3, "troll", "ppo_clip") == "the interval excludes 0: troll ahead"
-    assert real.verdict(-0.1, 0.05, 3, "troll", "ppo_clip") == "the interval excludes 0: ppo_clip ahead"
-    assert real.verdict(0.1, math.nan, 1, "troll", "ppo_clip") == "nothing to conclude"  # one seed: no interval
+    assert real_report.verdict(0.01, 0.05, 3, "troll", "ppo_clip").startswith("the interval contains 0: noise")
+    assert real_report.verdict(-0.04, 0.05, 3, "troll", "ppo_clip").startswith("the interval contains 0: noise")
+    assert real_report.verdict(0.1, 0.05, 3, "troll", "ppo_clip") == "the interval excludes 0: troll ahead"
+    assert real_report.verdict(-0.1, 0.05, 3, "troll", "ppo_clip") == "the interval excludes 0: ppo_clip ahead"
+    assert real_report.verdict(0.1, math.nan, 1, "troll", "ppo_clip") == "nothing to conclude"  # one seed: no interval
 
 
 def test_ties_go_to_the_smaller_lr_and_a_loss_without_a_sweep_seed_has_no_best():
     rows = [row("troll", 1e-5, 0, 0.5), row("troll", 2e-5, 0, 0.5), row("troll", 1e-5, 1, 0.3)]
-    assert real.best_lr(rows, "troll") == (1e-5, [0])
-    assert real.best_lr([row("troll", 1e-5, 0, 0.5), row("troll", 2e-5, 1, 0.6)], "troll") is None
+    assert real_report.best_lr(rows, "troll") == (1e-5, [0])
+    assert real_report.best_lr([row("troll", 1e-5, 0, 0.5), row("troll", 2e-5, 1, 0.6)], "troll") is None
 
 
 def test_the_dry_run_lists_the_later_seeds_at_the_best_lrs_once_the_sweep_is_recorded(tmp_path, capsys):

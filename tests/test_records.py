@@ -1,4 +1,4 @@
-"""Per-token records (troll.records): the figures as the update saw them, checked against an independent dense
+"""Per-token records (troll.run.records): the figures as the update saw them, checked against an independent dense
 float64 computation; which samples and steps are recorded; the row's size bound; the reader's one-line refusals."""
 
 from __future__ import annotations
@@ -10,11 +10,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from troll import addition, records
-from troll.cli import UsageError
+from troll.base.cli import UsageError
 from troll.losses import LOSSES
 from troll.rollout import Batch, Rollouts
+from troll.run import records
 from troll.sparse import sparsify
+from troll.tasks import addition
 
 f64 = torch.float64
 B, T, V = 6, 4, 7
@@ -22,7 +23,7 @@ B, T, V = 6, 4, 7
 
 class Tokenizer:
     """Decodes id i as a letter, so a token's text names its id; id 0 is the special end token ("<e>"), which a
-    completion's text leaves out (troll.task.decode)."""
+    completion's text leaves out (troll.tasks.task.decode)."""
 
     def decode(self, ids, skip_special_tokens=False):
         return "".join("<e>" if i == 0 else chr(ord("a") + i % 26) for i in ids if i or not skip_special_tokens)
@@ -239,7 +240,7 @@ def line_of(row: dict) -> str:
         (line_of({"step": 1}), "line 1: loss is missing"),
         (line_of(sample_with(q=[0.5])), "line 1: samples[0].q holds 1 values for 2 tokens"),
         (line_of(sample_with(kl=["x", 1])), 'line 1: samples[0].kl[0] is "x", expected a number or null'),
-        # the issue's rows: each passed the old checks and ended troll.inspect in a traceback
+        # the issue's rows: each passed the old checks and ended troll.tools.inspect in a traceback
         (line_of(sample_with(adv="1.5")), 'line 1: samples[0].adv is "1.5", expected a number or null'),
         (line_of(sample_with(reward=[1.0])), "line 1: samples[0].reward is [1.0], expected a number or null"),
         (line_of(sample_with(prompt=12)), "line 1: samples[0].prompt is 12, expected a string"),
@@ -434,7 +435,7 @@ def test_a_record_re_checks_its_own_reward_from_the_file(tmp_path):
         finished=torch.tensor([True, True, True, False]), group=torch.tensor([0, 0, 1, 2]), temperature=1.0,
     )  # fmt: skip
     golds = [train[i]["gold"] for i in picked]
-    texts = tok.batch_decode(ids, skip_special_tokens=True)  # troll.task.decode_rollouts' texts
+    texts = tok.batch_decode(ids, skip_special_tokens=True)  # troll.tasks.task.decode_rollouts' texts
     rewards = torch.tensor([addition.reward(t, g) for t, g in zip(texts, golds, strict=True)])
     assert rewards.tolist() == [1.0, 0.0, 0.0, 0.0]
     batch = Batch(ro, rewards, rewards - 0.25, torch.Generator().get_state(), 0.0, 0.0, picked, golds)
@@ -455,7 +456,7 @@ def test_a_record_re_checks_its_own_reward_from_the_file(tmp_path):
 
 def test_a_log_ratio_past_a_floats_range_is_an_infinite_ratio_not_a_crash():
     """A hand-edited log-ratio of 710 (exp overflows a float): the ratio is inf, and PPO-clip's rule cuts it for a
-    positive advantage (the hypothesis test of troll.inspect found the OverflowError)."""
+    positive advantage (the hypothesis test of troll.tools.inspect found the OverflowError)."""
     import math
 
     assert records.ratio(710.0) == math.inf and records.ratio(-800.0) == 0.0 and records.ratio(0.0) == 1.0

@@ -14,10 +14,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from troll.models.tiny import save_tiny, tiny_llama, train_tokenizer
+from troll.models.vllm_engine import VLLMGenerator, import_vllm
 from troll.policy import completion_logits
 from troll.rollout import HFGenerator, Rollouts
-from troll.tiny import save_tiny, tiny_llama, train_tokenizer
-from troll.vllm_engine import VLLMGenerator, import_vllm
 
 PAD_ROWS = 64  # output-layer rows past the tokenizer
 MAX_NEW = 24
@@ -243,7 +243,7 @@ def test_vllm_seeded_batch_with_chunked_prefill(engine, tiny):
 
 
 def test_vllm_greedy_equals_transformers_greedy(tiny, engine, model):
-    """Both backends' greedy decoding (evaluation, in training and in troll.evaluate) give the same token ids."""
+    """Both backends' greedy decoding (evaluation, in training and in troll.tools.evaluate) give the same token ids."""
     _, tok, prompts = tiny
     engine.push_weights(model)
     ids = engine.greedy(prompts, 12)

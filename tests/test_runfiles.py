@@ -1,6 +1,6 @@
-"""The declared schemas of a run's files (troll.schema, troll.runfiles, troll.config): a valid file reads; a file
-damaged in one field (a wrong type, null, out of range, missing) is one line naming the file, the line and the field
-through the command's boundary (exit 2), never a traceback. The damage is generated (Hypothesis)."""
+"""The declared schemas of a run's files (troll.base.schema, troll.run.runfiles, troll.base.config): a valid file reads;
+a file damaged in one field (a wrong type, null, out of range, missing) is one line naming the file, the line and the
+field through the command's boundary (exit 2), never a traceback. The damage is generated (Hypothesis)."""
 
 from __future__ import annotations
 
@@ -13,16 +13,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from troll import plot, runfiles
-from troll.cli import run_command
-from troll.config import Config
-from troll.schema import SchemaError, Spec, fields_problem
+from troll.base.cli import run_command
+from troll.base.config import Config
+from troll.base.schema import SchemaError, Spec, fields_problem
+from troll.run import runfiles
+from troll.tools import plot
 
 EXAMPLES = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 def step_row(step: int) -> dict:
-    """A metrics.jsonl row as troll.diagnostics.step_row and the loss write it (the loss's metrics among them)."""
+    """A metrics.jsonl row as troll.run.diagnostics.step_row and the loss write it (the loss's metrics among them)."""
     return {
         "step": step, "reward": 0.5, "accuracy": 0.25, "response_len_mean": 3.0, "response_len_max": 4.0,
         "truncated_frac": 0.0, "lr": 0.01, "skipped": 0, "mismatch_logratio_mean": 0.0, "mismatch_kl": 0.0,
@@ -38,7 +39,7 @@ def metrics_rows() -> list[dict]:
 
 
 def summary() -> dict:
-    """A valid summary.json as troll.harness.Run.finish writes it (the warm-start record among its other fields)."""
+    """A valid summary.json as troll.run.harness.Run.finish writes it (the warm-start record among its other fields)."""
     return {"eval_before": 0.25, "eval_after": 0.5, "eval_best": 0.5, "eval_best_step": 2, "skipped_steps": 0,
             "changes": [], "dropped_prompts": 0, "wall_clock_s": 3.5, "steps": 2, "loss": "troll", "seed": 0,
             "eval_problems": 16}  # fmt: skip
@@ -93,7 +94,7 @@ def test_valid_metrics_read_and_grow():
 @EXAMPLES
 @given(data=st.data())
 def test_damaged_metrics_field_is_one_line_through_plot(capsys, data):
-    """One field of one row of a valid metrics.jsonl damaged: `python -m troll.plot RUN` exits 2 with one line
+    """One field of one row of a valid metrics.jsonl damaged: `troll plot RUN` exits 2 with one line
     naming the file, the line and the field."""
     rows = metrics_rows()
     n = data.draw(st.integers(0, len(rows) - 1), label="row")
@@ -116,10 +117,10 @@ def test_damaged_metrics_field_is_one_line_through_plot(capsys, data):
 
 
 def test_metrics_schema_declares_what_the_writer_writes():
-    """Every key troll.diagnostics.step_row writes by name has a declared spec; an eval row is step and eval_acc."""
+    """Every key troll.run.diagnostics.step_row writes by name has a declared spec; an eval row is step and eval_acc."""
     import inspect
 
-    from troll import diagnostics
+    from troll.run import diagnostics
 
     source = inspect.getsource(diagnostics.step_row)
     written = [k for k in runfiles.METRICS if f'"{k}"' in source]
@@ -130,7 +131,7 @@ def test_metrics_schema_declares_what_the_writer_writes():
 @pytest.mark.slow
 def test_a_tiny_runs_files_read_and_damaged_through_plot(tmp_path, capsys):
     """The files a tiny run writes read through their schemas; its metrics.jsonl with one value turned into a string
-    is one line through troll.plot naming the file, the line and the field."""
+    is one line through troll.tools.plot naming the file, the line and the field."""
     from test_train import tiny
 
     from troll.train import train
@@ -169,7 +170,7 @@ def test_valid_summary_reads_each_version():
 @given(data=st.data())
 def test_damaged_summary_field_is_one_line(capsys, data):
     """One declared field of a valid summary.json damaged or removed: one line naming the file and the field, exit 2
-    at the boundary, and troll.harness takes the run as not finished (its summary is written again)."""
+    at the boundary, and troll.run.harness takes the run as not finished (its summary is written again)."""
     s = summary()
     key = data.draw(st.sampled_from(list(runfiles.SUMMARY)), label="field")
     missing = data.draw(st.booleans(), label="missing")
@@ -204,9 +205,9 @@ CONFIG_DAMAGE = st.one_of(WRONG_TYPE, st.none(), st.sampled_from([-1, -1.5, math
 @EXAMPLES
 @given(data=st.data())
 def test_damaged_config_field_is_one_line(capsys, data):
-    """A field of a saved config.json given a wrong type, null or a value out of range: `python -m troll.train --out
-    RUN --resume true` (Config.load, with the command line's checks, troll.config.check) exits 2 with one line naming
-    the file and the field."""
+    """A field of a saved config.json given a wrong type, null or a value out of range: `troll train --out
+    RUN --resume true` (Config.load, with the command line's checks, troll.base.config.check) exits 2 with one line
+    naming the file and the field."""
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "config.json"
         Config(out=d).save(path)

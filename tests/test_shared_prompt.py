@@ -12,12 +12,12 @@ tiny model's norms here compute in the model's dtype (`_exact_norms`), so float6
 import pytest
 import torch
 
-from troll import addition
 from troll.head import LMHead
 from troll.losses import LOSSES
+from troll.models.tiny import tiny_llama, train_tokenizer
 from troll.policy import completion_logits, shared_prompt_logits
 from troll.sparse import sparsify
-from troll.tiny import tiny_llama, train_tokenizer
+from troll.tasks import addition
 
 TOL = dict(rtol=0, atol=1e-10)
 
@@ -124,9 +124,9 @@ def test_gradient_checkpointing_is_refused():
 
 def _step_inputs(**kw):
     """A tiny run's config, model, task and one collected batch (4 prompts x 4 samples)."""
-    from troll.config import Config
-    from troll.policy import build_model
-    from troll.task import load_task
+    from troll.base.config import Config
+    from troll.models.build import build_model
+    from troll.tasks.task import load_task
     from troll.train import collect
 
     cfg = Config(**(dict(sft_steps=0, prompts_per_step=4, samples_per_prompt=4, minibatches=2, max_new_tokens=4) | kw))

@@ -3,7 +3,7 @@ start that failed later leaves a folder the corrected command runs in (and a fol
 unchanged), a third-party exception while the run starts is one line, every flag given acts or is refused, and a
 resume never goes back in steps.
 
-Each test runs `python -m troll.train` in a subprocess, as a user does; the invariant: exit 0, or exit 2 with one
+Each test runs `troll train` in a subprocess, as a user does; the invariant: exit 0, or exit 2 with one
 line naming the setting or file and the way forward, no traceback, and no finished checkpoint lost."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ QUICK = ["--sft_steps", "0", "--eval_size", "4", "--eval_every", "1", "--save_ev
 
 
 def train(out: Path, *flags: str):
-    return command("-m", "troll.train", "--out", str(out), *flags)
+    return command("-m", "troll", "train", "--out", str(out), *flags)
 
 
 def ran(result, out: Path, steps: int = 1) -> None:
@@ -69,8 +69,8 @@ def test_a_failed_start_writes_nothing(tmp_path, wrong, right, words):
 def test_a_broken_model_folder_is_one_line_and_the_same_command_runs_after_the_fix(tmp_path):
     """A damaged model folder while the run starts: one line naming the damaged file and the fix, nothing written;
     once the folder is repaired, the same command runs."""
-    from troll import addition
-    from troll.tiny import save_tiny, tiny_llama, train_tokenizer
+    from troll.models.tiny import save_tiny, tiny_llama, train_tokenizer
+    from troll.tasks import addition
 
     tok = train_tokenizer(addition.corpus(), vocab_size=64)
     good = save_tiny(tiny_llama(tok, hidden=32, layers=1, heads=2), tok, tmp_path / "good")
@@ -99,7 +99,7 @@ def test_a_start_that_failed_after_writing_restarts_with_other_flags(tmp_path, m
     def broken(*args, **kwargs):
         raise RuntimeError("the engine did not start")
 
-    monkeypatch.setattr("troll.start.make_generator", broken)
+    monkeypatch.setattr("troll.run.start.make_generator", broken)
     with pytest.raises(RuntimeError, match="did not start"):
         train_in_process(dataclasses.replace(tiny(tmp_path, lora_rank=4), lr=1e-3))
     out = tmp_path / "run"

@@ -21,8 +21,8 @@ from test_commands import command, refused
 
 from study import bandit, figures, offpolicy, run, runner
 from study.figures import plot_study, read_results
-from troll.checkpoint import read_jsonl
-from troll.cli import UsageError
+from troll.base.checkpoint import read_jsonl
+from troll.base.cli import UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
 

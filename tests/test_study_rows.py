@@ -1,4 +1,4 @@
-"""The studies' results rows read through troll.schema (study.runner.check_rows, each study's `FIELDS`): every
+"""The studies' results rows read through troll.base.schema (study.runner.check_rows, each study's `FIELDS`): every
 committed results file still reports, and a valid row of each with one field damaged (a string, null, 1.7, a
 missing field, ...) ends the report command with exit 2 and one line naming the file, the line and the field,
 never a traceback."""
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from study import bandit, figures, offpolicy, offpolicy_grid, real
-from troll.cli import run_command
-from troll.schema import fields_problem
+from troll.base.cli import run_command
+from troll.base.schema import fields_problem
 
 hypothesis = pytest.importorskip("hypothesis")  # the dev extra (pyproject.toml)
 from hypothesis import HealthCheck, given, settings  # noqa: E402

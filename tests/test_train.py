@@ -9,10 +9,10 @@ import math
 import pytest
 import torch
 
-from troll.checkpoint import complete_checkpoints
-from troll.config import Config
+from troll.base.checkpoint import complete_checkpoints
+from troll.base.config import Config
 from troll.losses import LOSSES
-from troll.policy import build_model
+from troll.models.build import build_model
 from troll.train import train
 
 TIMING_KEYS = ("time_", "tokens_per_s", "peak_memory_mb")
@@ -42,7 +42,7 @@ def tiny(tmp_path, **kw) -> Config:
 def varied_reward(monkeypatch):
     """An untrained model never adds correctly, so every advantage would be 0 and nothing would move. This
     reward (1 for an odd-length completion) gives a random policy a signal, so the updates are real."""
-    monkeypatch.setattr("troll.addition.reward", lambda completion, gold: float(len(completion) % 2))
+    monkeypatch.setattr("troll.tasks.addition.reward", lambda completion, gold: float(len(completion) % 2))
 
 
 def all_rows(path) -> list[dict]:
@@ -155,8 +155,8 @@ def test_resume_equals_uninterrupted(tmp_path, varied_reward, epochs, staleness,
 
 def test_gsm8k_preset_one_step_with_a_local_stand_in(tmp_path, gsm8k_dir):
     """The GPU recipe's code path on CPU: chat template, GSM8K from disk, reward, update, evaluation."""
-    from troll.gsm8k import load_gsm8k
-    from troll.tiny import save_tiny, tiny_llama, train_tokenizer
+    from troll.models.tiny import save_tiny, tiny_llama, train_tokenizer
+    from troll.tasks.gsm8k import load_gsm8k
 
     questions = [r["question"] for r in load_gsm8k("train", str(gsm8k_dir), limit=300)]
     tok = train_tokenizer(questions, vocab_size=512)
@@ -218,7 +218,7 @@ def test_plot_overlays_runs(tmp_path):
     """One figure, <out>/metrics.png: a panel per metric some run logged, titled in words, each run one colour in
     every panel, one legend; the task's behaviour_rate gets its panel when a run logs it (tiny-rare), only that run's
     curve; the per-update KL's panel also shows each run's mean over its steps (the figure the README quotes)."""
-    from troll.plot import PANELS, figure, plot_runs, read_metrics, series
+    from troll.tools.plot import PANELS, figure, plot_runs, read_metrics, series
 
     def titles(fig) -> list[str]:
         return [ax.get_title() for ax in fig.axes]
@@ -268,9 +268,9 @@ def test_plot_overlays_runs(tmp_path):
 def test_a_batch_is_drawn_for_the_largest_seed():
     """collect seeds batch i with (seed * 1,000,003 + i) mod 2**63: the largest seed a config takes (2**63 - 1)
     draws its prompts (it overflowed torch's seed before), and a small seed is its own formula."""
-    from troll import addition
-    from troll.task import load_task
-    from troll.tiny import train_tokenizer
+    from troll.models.tiny import train_tokenizer
+    from troll.tasks import addition
+    from troll.tasks.task import load_task
     from troll.train import collect
 
     class Seeds:
@@ -294,8 +294,8 @@ def test_a_batch_is_drawn_for_the_largest_seed():
 def test_plot_by_loss_draws_each_seed_thin_and_each_losss_mean_thick(tmp_path, capsys):
     """--by loss: each run a thin line in its loss's colour (config.json's loss), each loss's mean over its runs at
     every step a thick line, one legend entry per loss naming its runs; a run without config.json is one line."""
-    from troll.config import Config
-    from troll.plot import figure, main
+    from troll.base.config import Config
+    from troll.tools.plot import figure, main
 
     runs = []
     for loss, seed, acc in (("troll", 0, 0.5), ("ppo_clip", 0, 0.3), ("troll", 1, 0.7), ("ppo_clip", 1, 0.1)):
@@ -326,7 +326,7 @@ def test_plot_by_loss_draws_each_seed_thin_and_each_losss_mean_thick(tmp_path, c
 
 
 def test_non_finite_gradient_skips_the_step(tmp_path, monkeypatch, varied_reward):
-    import troll.start as start_mod
+    import troll.run.start as start_mod
 
     real_build = start_mod.build_model
 
@@ -433,8 +433,8 @@ def test_chunked_output_layer_runs_end_to_end(tmp_path, varied_reward):
 def one_step_setup(cfg: Config):
     """What train() builds before its loop, to call rl_step directly: model, tokenizer, task, generator, optimiser."""
     from troll.rollout import HFGenerator
-    from troll.start import make_optimizer
-    from troll.task import load_task
+    from troll.run.start import make_optimizer
+    from troll.tasks.task import load_task
 
     torch.manual_seed(cfg.seed)
     model, tok = build_model(cfg, torch.device("cpu"))
@@ -484,8 +484,8 @@ def test_update_kl_is_the_dense_kl_of_the_network(tmp_path, varied_reward):
     import copy
 
     import troll.train as train_mod
-    from troll.diagnostics import UpdateKL
     from troll.policy import completion_logits
+    from troll.run.diagnostics import UpdateKL
 
     cfg = tiny(tmp_path, epochs=2, minibatches=2)
     model, tok, task, gen, opt, sched = one_step_setup(cfg)
@@ -530,10 +530,10 @@ def test_metrics_go_to_tensorboard_too(tmp_path, varied_reward):
 
 
 def test_micro_batch_tokens_auto(tmp_path, monkeypatch):
-    """`--micro_batch_tokens auto` (0): troll.memory's largest micro-batch on a GPU, written to config.json; on
+    """`--micro_batch_tokens auto` (0): troll.models.memory's largest micro-batch on a GPU, written to config.json; on
     CPU the default 4096."""
-    from troll import memory
-    from troll.harness import auto_micro_batch
+    from troll.models import memory
+    from troll.run.harness import auto_micro_batch
 
     cfg = Config.from_args(["--preset", "gsm8k-qwen2.5-0.5b", "--micro_batch_tokens", "auto"])
     assert cfg.micro_batch_tokens == 0
@@ -602,7 +602,7 @@ def test_a_step_without_signal_leaves_the_weights_bit_identical(tmp_path, monkey
     """Every reward equal, so every advantage 0: the first optimiser step leaves every weight as it was, under every
     loss and both sparse models (AdamW with zero gradients and no weight decay does nothing), and the metrics say
     the whole batch had no signal."""
-    monkeypatch.setattr("troll.addition.reward", lambda completion, gold: 1.0)
+    monkeypatch.setattr("troll.tasks.addition.reward", lambda completion, gold: 1.0)
     cfg = tiny(tmp_path, loss=loss, support=support, steps=1, save_every=1)
     before = build_model(cfg, torch.device("cpu"))[0].state_dict()
     train(cfg)
@@ -613,12 +613,12 @@ def test_a_step_without_signal_leaves_the_weights_bit_identical(tmp_path, monkey
 
 
 def test_a_third_party_exception_while_starting_is_a_run_error(tmp_path):
-    """troll.harness.starting: an exception raised in transformers (a folder that is not a model) becomes a
+    """troll.run.harness.starting: an exception raised in transformers (a folder that is not a model) becomes a
     RunError naming what was done, the package, and that the same command runs after the fix; one raised in
     troll's own code (or the test's) keeps its type and traceback."""
     from transformers import AutoConfig
 
-    from troll.harness import RunError, raised_by, starting
+    from troll.run.harness import RunError, raised_by, starting
 
     with pytest.raises(RunError, match=r"loading x failed in transformers \(ValueError: .*run the same command again"):
         with starting("loading x"):

@@ -30,15 +30,15 @@ import pytest
 import torch
 from datasets import Dataset
 
-from troll import addition
-from troll.diagnostics import mismatch_at
 from troll.integrations import trl as trl_integration
 from troll.integrations.is_weights import trl_is_weight
 from troll.integrations.trl import TRL_VERSIONS, TROLLConfig, TROLLGRPOTrainer, check_trl_version, old_policy
 from troll.losses import troll_loss
+from troll.models.tiny import tiny_llama, train_tokenizer
 from troll.policy import completion_logits
+from troll.run.diagnostics import mismatch_at
 from troll.sparse import sparsify
-from troll.tiny import tiny_llama, train_tokenizer
+from troll.tasks import addition
 
 ROOT = Path(__file__).resolve().parents[1]
 EPS = 0.05
@@ -353,7 +353,7 @@ def vllm_first_batch(out: str) -> dict:
     "sampling_per_token_logps" are vLLM's. Returns check_contract's metrics and the engine's dtype."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from troll.tiny import save_tiny
+    from troll.models.tiny import save_tiny
 
     made = train_tokenizer(addition.corpus(), vocab_size=300)
     path = save_tiny(tiny_llama(made, hidden=64, layers=2, heads=2, seed=0), made, Path(out) / "tiny")
@@ -398,7 +398,7 @@ PROBE = torch.randint(270, (32,), generator=torch.Generator().manual_seed(1234))
 
 def engine_probe(llm: Any) -> torch.Tensor:
     """The engine's log-probs of PROBE[1:] given its prefix (prompt log-probs: temperature 1, no mask), as
-    troll.vllm_engine.VLLMGenerator.probe_logprobs scores them."""
+    troll.models.vllm_engine.VLLMGenerator.probe_logprobs scores them."""
     from vllm import SamplingParams
 
     params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False, flat_logprobs=True)
@@ -429,7 +429,7 @@ def vllm_colocate_steps(out: str, adapters: bool) -> dict:
     import trl.generation.vllm_generation as trl_vllm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from troll.tiny import save_tiny
+    from troll.models.tiny import save_tiny
 
     made = train_tokenizer(addition.corpus(), vocab_size=300)
     path = save_tiny(tiny_llama(made, hidden=64, layers=2, heads=2, seed=0), made, Path(out) / "tiny")

@@ -1,15 +1,16 @@
-"""The supervised warm-start (troll/warmstart.py): the one-forward `greedy_solves` equals greedy decoding (the
+"""The supervised warm-start (troll/run/warmstart.py): the one-forward `greedy_solves` equals greedy decoding (the
 reference: transformers `generate`); `warm_start` stops at the first step where the batch it fitted and then the
 probe reach the target (checked against the loop written out with `generate`); a missed target is reported."""
 
 import pytest
 import torch
 
-from troll import addition
-from troll.config import Config
-from troll.policy import build_model, completion_logits
+from troll.base.config import Config
+from troll.models.build import build_model
+from troll.policy import completion_logits
 from troll.rollout import HFGenerator
-from troll.warmstart import answer_batch, greedy_solves, warm_start
+from troll.run.warmstart import answer_batch, greedy_solves, warm_start
+from troll.tasks import addition
 
 ROWS = addition.problems("train")
 SFT = dict(lr=1e-3, batch=64, seed=0, probe=256)

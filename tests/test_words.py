@@ -1,4 +1,4 @@
-"""The word-problem task (troll.words): every answer against arithmetic done here from the question's own words,
+"""The word-problem task (troll.tasks.words): every answer against arithmetic done here from the question's own words,
 the splits, and GSM8K's reward on the reference answers."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from troll import gsm8k, words
+from troll.tasks import gsm8k, words
 
 QUESTION = re.compile(r"(\w+) has (\d+) (\w+)\. (?:She|He) (.+)\. How many (\w+) does (\w+) have now\?")
 

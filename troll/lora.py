@@ -8,11 +8,11 @@
     engine_weights(model)   # iterator of (name, tensor): what a sampler needs after an update
     merge(model)            # a plain transformers model, W + (alpha / r) B A: `save_pretrained` it to export
 
-    python -m troll.export runs/x --out runs/x/merged   # a run's newest checkpoint (or a checkpoint folder), merged
+    troll export runs/x --out runs/x/merged   # a run's newest checkpoint (or a checkpoint folder), merged
 
 TROLL does not care how the policy is parametrised: the projection bounds each token's output distribution,
 KL(pi* || q) <= eps, whatever moved the logits (docs/algorithm.md, section 13). What LoRA changes is what trains,
-what a checkpoint holds, what the sampler receives, and the memory budget (troll.memory).
+what a checkpoint holds, what the sampler receives, and the memory budget (troll.models.memory).
 
 Choices:
 - PEFT's LoRA (`peft`, an optional extra like vLLM), not a hand-written one: its checkpoints are what the ecosystem

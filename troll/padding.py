@@ -7,7 +7,7 @@ rows past the tokenizer masked out.
     check_vocab(len(tokenizer), model_vocab)        # a tokenizer larger than the output layer: ValueError
 
 A module of its own because both sides need it: troll.policy scores completions with it, and the samplers
-(troll.rollout, troll.vllm_engine) mirror the same mask and padding, so neither imports the other for it.
+(troll.rollout, troll.models.vllm_engine) mirror the same mask and padding, so neither imports the other for it.
 """
 
 from __future__ import annotations

@@ -114,9 +114,9 @@ class Rollouts:
 class Batch:
     """One RL step's data, made when it is sampled (troll.train.collect): the rollouts, their rewards [B] and
     advantages [B], the random state that goes on to shuffle its minibatches, what making it cost, and what the
-    rewards were scored against: each sample's problem (its row in task.train) and gold answer, [B] (troll.records
+    rewards were scored against: each sample's problem (its row in task.train) and gold answer, [B] (troll.run.records
     keeps them). Batches sampled ahead (--staleness) are saved in checkpoints, so the class lives here, in an
-    importable module; one pickled with a field since removed (`behaviour`, now troll.diagnostics.behaviour_rate)
+    importable module; one pickled with a field since removed (`behaviour`, now troll.run.diagnostics.behaviour_rate)
     loads with it unread, and one pickled before a field with a default existed reads the default (the class's)."""
 
     ro: Rollouts

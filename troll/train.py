@@ -1,8 +1,8 @@
 """TROLL on one GPU (or CPU): the RL loop, read top to bottom.
 
-    python -m troll.train                                            # tiny-cpu: 2-digit addition, minutes on a CPU
-    python -m troll.train --preset gsm8k-qwen2.5-0.5b --out runs/qwen # GSM8K, one GPU
-    python -m troll.train --out runs/tiny --resume true              # continue a run
+    troll train                                            # tiny-cpu: 2-digit addition, minutes on a CPU
+    troll train --preset gsm8k-qwen2.5-0.5b --out runs/qwen # GSM8K, one GPU
+    troll train --out runs/tiny --resume true              # continue a run
 
 One RL step (`rl_step`), with pi_theta the network, q the old policy it is anchored to:
 
@@ -23,16 +23,17 @@ The projection replaces PPO's ratio clipping: the ratio is that of the projected
 region by construction and differentiable in theta. `--loss ppo_clip | dppo | cispo` swaps step 5's loss for a
 baseline; `--lora_rank r` trains LoRA adapters on a frozen base instead of every weight (troll.lora), with steps
 1-6 unchanged. Everything else lives beside this file: the run's start, the optimiser and the rollout engine
-(troll.start), the run directory and resume (troll.harness), the task and its reward (troll.task), the settings
-(troll.config), measurements (troll.diagnostics); docs/algorithm.md derives the math and states every choice.
+(troll.run.start), the run directory and resume (troll.run.harness), the task and its reward (troll.tasks.task), the
+settings (troll.base.config), measurements (troll.run.diagnostics); docs/algorithm.md derives the math and states every
+choice.
 """
 
 from __future__ import annotations
 
 import os
 
-from troll.cli import bars_on_a_terminal_only
-from troll.config import Config
+from troll.base.cli import bars_on_a_terminal_only
+from troll.base.config import Config
 
 if __name__ == "__main__":  # parse the command line before importing torch: --help and bad flags answer at once
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # OpenMP threads that spin slow a busy CPU down many times
@@ -48,17 +49,17 @@ import torch
 
 from troll.advantages import advantages, has_signal
 from troll.aggregate import aggregate_count
-from troll.cli import run_command
-from troll.diagnostics import StepTimer, UpdateKL, step_row
-from troll.harness import Run, check_sources, starting
+from troll.base.cli import run_command
+from troll.base.metrics import merge
 from troll.losses import LOSSES
-from troll.metrics import merge
 from troll.policy import rollout_logits
-from troll.records import Recorder, due
 from troll.rollout import Batch, Generator, Rollouts
+from troll.run.diagnostics import StepTimer, UpdateKL, step_row
+from troll.run.harness import Run, check_sources, starting
+from troll.run.records import Recorder, due
+from troll.run.start import start
 from troll.sparse import SparseDist, cat_rows, sparsify, sparsify_topk
-from troll.start import start
-from troll.task import Task, decode_rollouts, encode, evaluate, rewards_of
+from troll.tasks.task import Task, decode_rollouts, encode, evaluate, rewards_of
 
 LossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]  # the signature every loss in troll.losses has
 
@@ -196,11 +197,11 @@ def update(
 def rl_step(cfg: Config, step: int, model: Any, tokenizer: Any, generator: Generator, opt: Any, sched: Any, task: Task,
             pending: list[Batch] | None = None, loss_fn: LossFn | None = None, probe: UpdateKL | None = None,
             recorder: Recorder | None = None) -> dict:  # fmt: skip
-    """One RL step (module docstring); returns its metrics row (troll.diagnostics.step_row). `pending` holds the
+    """One RL step (module docstring); returns its metrics row (troll.run.diagnostics.step_row). `pending` holds the
     batches sampled ahead of training (--staleness k: step s trains on batch s, sampled k steps earlier, by the
     weights of then). `loss_fn` (default LOSSES[cfg.loss]) is a seam for another loss or a timed one (bench/step.py);
-    `probe` measures the step's exact update KL (troll.diagnostics); `recorder` writes down a few samples' tokens as
-    the loss sees them (troll.records)."""
+    `probe` measures the step's exact update KL (troll.run.diagnostics); `recorder` writes down a few samples' tokens as
+    the loss sees them (troll.run.records)."""
     timer = StepTimer()  # the phases' wall-clock seconds, for the row
     pending = [] if pending is None else pending
     fresh = []
@@ -236,9 +237,9 @@ def train(
     cfg: Config, loss_fn: LossFn | None = None, wrap_generator: Callable[[Generator], Generator] | None = None
 ) -> dict:
     """Run (or resume) the RL loop of `cfg`; returns the summary written to <out>/summary.json. `loss_fn` and
-    `wrap_generator` are seams for measurements (troll.check): a loss that inspects its inputs, a generator that
+    `wrap_generator` are seams for measurements (troll.tools.check): a loss that inspects its inputs, a generator that
     records its calls around the real one. A failure before the first step leaves nothing, or a folder the same
-    command starts again in (troll.harness); a third-party package's exception there is a RunError (`starting`)."""
+    command starts again in (troll.run.harness); a third-party package's exception there is a RunError (`starting`)."""
     # the run directory: new, restarted or resumed from its newest whole checkpoint; nothing written until claimed
     with Run.open(cfg, claim=False) as run:
         if run.finished:
@@ -249,7 +250,7 @@ def train(
         probe = UpdateKL(cfg, len(tokenizer)) if len(tokenizer) <= cfg.kl_update_vocab else None
         for step in run.steps():
             pending = run.state["pending"]
-            recorder = Recorder(cfg, tokenizer, step) if due(cfg, step) else None  # per-token records: troll.records
+            recorder = Recorder(cfg, tokenizer, step) if due(cfg, step) else None  # per-token records (troll.run)
             row = rl_step(cfg, step, model, tokenizer, generator, opt, sched, task, pending, loss_fn, probe, recorder)
             evaluation = evaluate(generator, tokenizer, task, cfg.max_new_tokens) if run.eval_due(step) else None
             run.record(step, row, evaluation, model, tokenizer, opt, sched, recorder.row() if recorder else None)
@@ -263,5 +264,5 @@ def main(cfg: Config) -> None:
 
 
 if __name__ == "__main__":  # a RunError: one line, exit 2; Ctrl-C: the command that continues the run, then SIGINT
-    resume = f"python -m troll.train --out {shlex.quote(CLI_CONFIG.out)} --resume true"
-    run_command("python -m troll.train", lambda: main(CLI_CONFIG), resume=resume)
+    resume = f"troll train --out {shlex.quote(CLI_CONFIG.out)} --resume true"
+    run_command("troll train", lambda: main(CLI_CONFIG), resume=resume)

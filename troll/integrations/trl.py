@@ -27,7 +27,7 @@ logging and checkpoints. What TROLL adds or replaces:
                w comes from troll.integrations.is_weights.trl_is_weight and enters troll_loss as is_weight.
                TRL's own correction code is switched off (TROLL's loss applies it). Logged every generation batch,
                with or without the correction: troll/mismatch_logratio_mean, troll/mismatch_logratio_absmax,
-               troll/mismatch_kl (troll.diagnostics.mismatch_at, log q(y) - log mu(y) over the real tokens).
+               troll/mismatch_kl (troll.run.diagnostics.mismatch_at, log q(y) - log mu(y) over the real tokens).
                No behaviour anchor (the plain loop's --old_policy behaviour, q = the sampler's top-K): TRL 1.16
                builds its vLLM engine with logprobs=0 and keeps one log-prob per position (`lp[0]` of what vLLM
                returns, dropping the token ids), so the sampler's top-K never reaches the batch; raising vLLM's
@@ -53,10 +53,10 @@ logging and checkpoints. What TROLL adds or replaces:
                the vLLM model's `load_weights`, which fails on the layers vLLM's CPU backend repacked for its kernels
                (float32 layers wherever oneDNN runs; bf16 ones on CPUs with AVX512-BF16 or AMX): "'Parameter' object
                has no attribute 'weight_loader'". On vLLM's CPU platform the trainer replaces that one method with
-               vLLM's in-place `reload_weights`, as troll.vllm_engine pushes (`_reload_vllm_weights`; a LoRA model's
-               adapted layers merged out of place, `vllm_weights`). On GPU TRL's own sync stays.
+               vLLM's in-place `reload_weights`, as troll.models.vllm_engine pushes (`_reload_vllm_weights`; a LoRA
+               model's adapted layers merged out of place, `vllm_weights`). On GPU TRL's own sync stays.
   metrics      every troll_loss metric and the correction's is_* ones as "troll/<key>" through TRL's logger, merged
-               over processes by troll.metrics.merge ("_max" keys the max, "_min" keys the min, the rest the mean;
+               over processes by troll.base.metrics.merge ("_max" keys the max, "_min" keys the min, the rest the mean;
                the mismatch metrics weighted by each process's real tokens, so the mean is over the whole generation
                batch).
 
@@ -95,12 +95,12 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 from torch import Tensor
 
-from troll.diagnostics import mismatch_at
+from troll.base.metrics import merge
 from troll.integrations.is_weights import IS_MODES, trl_is_weight
 from troll.lora import base_weights, engine_weights, is_lora
 from troll.losses import check_troll_settings, troll_loss
-from troll.metrics import merge
 from troll.policy import packed_logits
+from troll.run.diagnostics import mismatch_at
 from troll.sparse import TENSOR_FIELDS, SparseDist, cat_rows, sparsify
 
 TRL_VERSIONS = ">=1.16,<1.17"
@@ -242,7 +242,7 @@ class TROLLGRPOTrainer(GRPOTrainer):
         vLLM's CPU build, where it fails: TRL hands each tensor to the vLLM model's `load_weights`, whose loaders
         live on the parameters the CPU backend replaced when it repacked its linear layers for its kernels
         (`AttributeError: 'Parameter' object has no attribute 'weight_loader'`). vLLM's in-place `reload_weights`
-        (reached by `collective_rpc`, the worker's own method, as troll.vllm_engine pushes) puts the loadable
+        (reached by `collective_rpc`, the worker's own method, as troll.models.vllm_engine pushes) puts the loadable
         parameters back, loads, and repacks. What it gets: `vllm_weights`, every tensor of the engine's model, a
         LoRA model's adapted layers merged out of place. Then the prefix cache is reset, as TRL does.
         On GPU TRL's own sync stays: it works there and gathers sharded weights (ZeRO-3, FSDP), which this does not."""
@@ -284,7 +284,7 @@ class TROLLGRPOTrainer(GRPOTrainer):
         return batch
 
     def _behaviour(self, batch: dict[str, Any], old_logp: Tensor) -> None:
-        """Log the sampler's mismatch to q at the sampled tokens (troll.diagnostics.mismatch_at) and, with the
+        """Log the sampler's mismatch to q at the sampled tokens (troll.run.diagnostics.mismatch_at) and, with the
         correction on, store log mu(y) [B, T] for the loss. A token the sampler could not score (NaN, which TRL
         passes on from vLLM) takes log q(y): weight 1, no correction, and it is left out of the metrics, as in TRL."""
         mu = batch["sampling_per_token_logps"].to(old_logp.dtype)
@@ -360,7 +360,7 @@ class TROLLGRPOTrainer(GRPOTrainer):
         return mask.sum() / normalizer
 
     def _log_troll(self, metrics: dict[str, float], mode: str, weight: float = 1.0) -> None:
-        """Log `metrics` as "troll/<key>", merged over processes (troll.metrics.merge, each process `weight`)."""
+        """Log `metrics` as "troll/<key>", merged over processes (troll.base.metrics.merge, each process `weight`)."""
         keys = sorted(metrics)
         local = [weight] + [metrics[k] for k in keys]
         local = torch.tensor(local, dtype=torch.float64, device=self.accelerator.device)

@@ -1,20 +1,20 @@
 """Evaluate a model on a task: greedy pass@1, and pass@k and maj@k from sampled completions. The command:
 
-    python -m troll.evaluate --model NAME_OR_PATH [--task T] [--data openai/gsm8k] [--chat auto] [--limit N]
+    troll evaluate --model NAME_OR_PATH [--task T] [--data openai/gsm8k] [--chat auto] [--limit N]
         [--max_new_tokens 1024] [--samples N [--temperature 1.0] [--seed 0]] [--backend auto] [--out DIR]
 
-Tasks (`--task`): every task troll.task builds, the choices of troll.config.Config's `task` field (addition, rare,
-gsm8k, ...: `--help` lists them), so a task added there is scored with no change here. The test rows, the
-prompt and the reward come from troll.task.load_task, given a Config: a troll run's own config.json for one of its
+Tasks (`--task`): every task troll.tasks.task builds, the choices of troll.base.config.Config's `task` field (addition,
+rare, gsm8k, ...: `--help` lists them), so a task added there is scored with no change here. The test rows, the
+prompt and the reward come from troll.tasks.task.load_task, given a Config: a troll run's own config.json for one of its
 checkpoints (its settings hold, e.g. --reverse_sum), else Config's defaults for the task. `--limit N` is its eval_size
 (the first N test problems; default: all of them), and no prompt is dropped for its length (max_prompt_len is
 unbounded). The default task is the run's own when `--model` is a run directory or one of its checkpoints (a
 checkpoint folder in <run>/checkpoints/ that holds trainer.pt, or whose <run>/config.json exists), else gsm8k; a
 --task other than the run's is refused naming both (an addition model scores 0 on GSM8K, which measures nothing),
-unless both are prompted and scored as GSM8K is (troll.task.GSM8K_FORMAT: a words run is scored on gsm8k too).
+unless both are prompted and scored as GSM8K is (troll.tasks.task.GSM8K_FORMAT: a words run is scored on gsm8k too).
 A run's config.json that is missing or damaged is named with the command that writes it again, as for a LoRA run.
-`--data` and `--chat` act only with the tasks troll.config.ACTS_ONLY names for them (--data: gsm8k; --chat: gsm8k and
-the tasks prompted as it is) and are refused, given with another task. `--data`: openai/gsm8k (default), another hub
+`--data` and `--chat` act only with the tasks troll.base.config.ACTS_ONLY names for them (--data: gsm8k; --chat: gsm8k
+and the tasks prompted as it is) and are refused, given with another task. `--data`: openai/gsm8k (default), another hub
 name, a folder with test.jsonl (load_task reads its test.jsonl for both splits: a folder needs no train.jsonl) or
 one .jsonl file. `--chat auto` (default) prompts through the chat template when the tokenizer has one (the tiny
 addition models' tokenizers have none), `true` requires one.
@@ -22,22 +22,22 @@ addition models' tokenizers have none), `true` requires one.
 Greedy pass@1, always: each problem's greedy completion scored with exactly the reward training uses (the task's).
 Greedy decoding is the rollout backends' own `greedy` (rollout.HFGenerator, vllm_engine.VLLMGenerator), the path
 training evaluates with too, so the numbers agree; it masks output ids past the tokenizer (Qwen's padded rows), as
-the samplers do. Prompts are encoded, completions decoded and scored by troll.task, as in training. The backend:
+the samplers do. Prompts are encoded, completions decoded and scored by troll.tasks.task, as in training. The backend:
 vLLM when it is installed and a GPU or `--backend vllm` asks for it, else transformers `generate`.
 
 Sampling (`--samples N`; 0, the default, is greedy only): N completions per problem through the backend's own
 `sample` at `--temperature` (default 1.0; no top-k, top-p or penalties: troll.rollout), seeded by `--seed`
 (default 0); it keeps no scores, so a call's memory is its KV cache. `--temperature` or `--seed` given without
-`--samples` cannot act and is refused. The problems go in blocks (troll.predictions: on hf, HF_BLOCK problems, the
+`--samples` cannot act and is refused. The problems go in blocks (troll.tools.predictions: on hf, HF_BLOCK problems, the
 greedy batch training evaluates in; on vLLM, VLLM_BLOCK), each block's greedy completions in one call and its
 samples in calls of whole problems, N samples each and at most HF_CALL samples a call on hf, whose prompts are
 forwarded once for their N samples (HFGenerator's share_prompt: the same tokens). Call c is seeded with the c-th
 draw of random.Random(--seed): the same flags give the same samples on the same backend and machine. What the counts
 imply is checked before the model loads (`too_many`): the completions kept, problems x (1 + N) x --max_new_tokens
-tokens of KEPT_BYTES_PER_TOKEN, must fit in the memory free (troll.cli.free_memory), else one line names the three
+tokens of KEPT_BYTES_PER_TOKEN, must fit in the memory free (troll.base.cli.free_memory), else one line names the three
 counts; and on the hf backend the longest prompt and --max_new_tokens must fit in the model's positions
 (`past_positions`). A completion stopped at --max_new_tokens is scored by what it completed, as in training
-(troll.task.score: "#### 8" cut from 85 is no answer). For k = 1, 2, 4, ... below N, and N (`ks`):
+(troll.tasks.task.score: "#### 8" cut from 85 is no answer). For k = 1, 2, 4, ... below N, and N (`ks`):
 
     pass@k  the unbiased estimator of Chen et al. (2021), 1 - C(n - c, k) / C(n, k) for a problem with c of its
             n = N samples correct, in its product form (`pass_at_k`), averaged over problems; pass@1 is the mean
@@ -46,7 +46,7 @@ counts; and on the hf backend the longest prompt and --max_new_tokens must fit i
             (`maj_at_k`): answers are grouped by the reward's equality, a sample without an answer casts no vote,
             and a tie goes to the answer that came first
 
-A sample's answer and the equality (`answer_rule`): for a task scored by troll.gsm8k.reward (gsm8k, and any task
+A sample's answer and the equality (`answer_rule`): for a task scored by troll.tasks.gsm8k.reward (gsm8k, and any task
 asked as it is), the answer gsm8k.extract_answer takes, compared by that reward's own cleaning and comparison
 (`gsm8k_equal`: "42", "42.0" and "$42" are one answer); for any other task (addition, rare: an exact match), the
 completion stripped, compared by the task's reward.
@@ -58,23 +58,23 @@ the settings that decide them; and at the end `summary.json` (model, task, accur
 backend, chat, seconds, samples; with --samples also temperature, seed, and `pass@k` and `maj@k`, each a dict keyed by
 k), and one line per figure on stdout. Progress goes to stderr: a bar of problems on a terminal (samples done, time
 left), else a line every PROGRESS_EVERY_S seconds. A stopped evaluation continues: the same command (the same settings,
-model files and problems: troll.predictions.read_done) keeps the problems in predictions.jsonl and computes the rest,
-giving the lines an unstopped one gives; other settings, or files damaged (a line on stderr names the file, the line and
-the field), start over. Its own files only (troll.outputs): the marker `.troll-evaluate`, written into `--out` before
-them, lists the three, so an evaluation written there before is continued or replaced (summary.json is removed first,
-each file written whole but predictions.jsonl's appended lines); a file of those names that troll.evaluate did not write
-(no marker lists it), a folder or a symbolic link of those names (never written through) is refused in one line before
-the model is loaded, unchanged. Other files in `--out` are left as they are.
+model files and problems: troll.tools.predictions.read_done) keeps the problems in predictions.jsonl and computes the
+rest, giving the lines an unstopped one gives; other settings, or files damaged (a line on stderr names the file, the
+line and the field), start over. Its own files only (troll.base.outputs): the marker `.troll-evaluate`, written into
+`--out` before them, lists the three, so an evaluation written there before is continued or replaced (summary.json is
+removed first, each file written whole but predictions.jsonl's appended lines); a file of those names that
+troll.tools.evaluate did not write (no marker lists it), a folder or a symbolic link of those names (never written
+through) is refused in one line before the model is loaded, unchanged. Other files in `--out` are left as they are.
 
-`--model` (`resolve_model`): a local folder holding a model and its tokenizer (config.json, weights, tokenizer
-files); a run directory, whose `checkpoints/latest` checkpoint is evaluated (said on stderr); a LoRA run's
+`--model` (troll.models.sources.resolve_model): a local folder holding a model and its tokenizer (config.json, weights,
+tokenizer files); a run directory, whose `checkpoints/latest` checkpoint is evaluated (said on stderr); a LoRA run's
 checkpoint (adapter_config.json, or a LoRA run directory), whose adapters are loaded on the run's base and merged in
-memory in float32, as `python -m troll.export` merges them (with the hf backend: vLLM loads a model folder, which
-troll.export writes); a packaged model's name (`smollm2-135m-instruct`: troll.packaged makes its folder on first
-use); or a hub name. A name is looked up once, with a short timeout: when the hub cannot be reached (or
+memory in float32, as `troll export` merges them (with the hf backend: vLLM loads a model folder, which
+troll.tools.export writes); a packaged model's name (`smollm2-135m-instruct`: troll.models.packaged makes its folder on
+first use); or a hub name. A name is looked up once, with a short timeout: when the hub cannot be reached (or
 HF_HUB_OFFLINE is set) a copy in the local cache is used, else the command stops at once instead of retrying. A
 path that does not exist, a folder that lacks a model or tokenizer file (named) or holds a damaged one
-(troll.checkpoint.damaged_file), a LoRA checkpoint whose run config or base is missing, an unknown hub name, bad
+(troll.base.checkpoint.damaged_file), a LoRA checkpoint whose run config or base is missing, an unknown hub name, bad
 --data, a bad number or a flag that cannot act: a usage error, exit 2 with one line on stderr, before any model is
 loaded.
 """
@@ -94,155 +94,26 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from troll import gsm8k, outputs, predictions
-from troll.checkpoint import complete_checkpoints, damage_remedy, damaged_file
-from troll.cli import Parser, UsageError, free_memory, gib, run_command
-from troll.task import GSM8K_FORMAT, decode, encode, load_task, score, stopped
+from troll.base import outputs
+from troll.base.checkpoint import damage_remedy, damaged_file
+from troll.base.cli import Parser, UsageError, free_memory, gib, run_command
+from troll.models.sources import check_hub_data, is_adapters, lora_base, resolve_model
+from troll.tasks import gsm8k
+from troll.tasks.task import GSM8K_FORMAT, decode, encode, load_task, score, stopped
+from troll.tools import predictions
 
 if TYPE_CHECKING:
-    from troll.config import Config
+    from troll.base.config import Config
     from troll.rollout import Generator
 
 
-HUB_TIMEOUT_S = 3.0  # the one hub lookup of a model name (resolve_model)
-WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
-TOKENIZER = ("tokenizer.json", "tokenizer.model", "vocab.json")
 HF_BLOCK = 64  # problems a block on the hf backend: HFGenerator's greedy batch, as training evaluates (predictions)
 HF_CALL = 64  # samples a `sample` call on the hf backend, whose memory is its KV cache and one step's scores
 VLLM_BLOCK = 256  # problems a block (and a call) on vLLM, which batches them itself
 PROGRESS_EVERY_S = 30.0  # off a terminal, a progress line at most this often (and one at the end)
 KEPT_BYTES_PER_TOKEN = 48  # a kept completion token: its id in a Python list and its decoded text (measured: 45)
-# what it writes into --out, its marker listing them (troll.outputs)
+# what it writes into --out, its marker listing them (troll.base.outputs)
 OUTPUTS = ("predictions.jsonl", "summary.json", "evaluation.json")
-
-
-def is_adapters(folder: Path) -> bool:
-    """A LoRA checkpoint: PEFT's adapters (troll.lora.ADAPTER_FILES, either one: a checkpoint that lost the other is
-    named as a damaged LoRA checkpoint), without importing torch."""
-    return any((folder / name).exists() for name in ("adapter_config.json", "adapter_model.safetensors"))
-
-
-def _model_folder_problem(folder: Path) -> str | None:
-    """What a local model folder (or LoRA checkpoint) lacks to load model and tokenizer, or None."""
-    lora = is_adapters(folder)
-    config = "adapter_config.json" if lora else "config.json"
-    missing = [] if (folder / config).is_file() else [config]
-    weights = ("adapter_model.safetensors",) if lora else WEIGHTS
-    for kind, names in (("weights", weights), ("tokenizer", TOKENIZER)):
-        if not any((folder / n).is_file() for n in names):
-            missing.append(f"{kind} ({' or '.join(names)})")
-    if not missing:
-        return None
-    hint = " (a run directory without checkpoints)" if (folder / "metrics.jsonl").is_file() else ""
-    return f"{folder} is not a {'LoRA checkpoint' if lora else 'model folder'}{hint}: it lacks {', '.join(missing)}"
-
-
-def lora_base(ckpt: Path) -> tuple[Any, str]:
-    """A LoRA checkpoint's run config (for troll.policy.build_model) and the base its adapters go on
-    (troll.lora.base_source): the run directory is two folders up. ValueError naming what is missing."""
-    from troll import lora  # imports torch: only for a LoRA checkpoint
-    from troll.policy import run_config
-
-    if ckpt.parent.name != "checkpoints":
-        raise ValueError(
-            f"{ckpt} holds LoRA adapters, and it is not in a run directory, whose config.json names their base: "
-            "evaluate it in its run directory, or pass a model that python -m troll.export merged there"
-        )
-    cfg = run_config(ckpt.parent.parent)  # a UsageError naming the file
-
-    try:
-        base = lora.base_source(cfg, ckpt.parent.parent)
-    except ValueError:  # the run's own base lacks its config.json (named below), or the folder is gone
-        if not (ckpt.parent.parent / "base").is_dir():
-            raise
-        base = str(ckpt.parent.parent / "base")
-    if Path(base).is_dir():
-        if problem := _model_folder_problem(Path(base)) or damaged_file(Path(base)):
-            raise ValueError(f"{problem}: {damage_remedy(Path(base))}")
-    return cfg, base
-
-
-def hub_offline() -> bool:
-    """Whether HF_HUB_OFFLINE asks for no network (huggingface_hub reads it the same way)."""
-    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
-
-
-def hub_lookup(name: str, kind: str) -> str | None:
-    """Ask the hub once (HUB_TIMEOUT_S) whether it holds the `kind` ("model" or "dataset") `name`: None when it
-    does, why it could not be asked when it cannot (no network, a timeout); a ValueError when it does not."""
-    from huggingface_hub import HfApi
-    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
-
-    info = HfApi().model_info if kind == "model" else HfApi().dataset_info
-    try:
-        info(name, timeout=HUB_TIMEOUT_S)
-    except GatedRepoError:
-        raise ValueError(f"hub {kind} {name} is gated: accept its terms on the hub and log in") from None
-    except RepositoryNotFoundError:
-        raise ValueError(f"{name} is neither a local path nor a {kind} on the hub") from None
-    except Exception as e:  # no network, a timeout, a server error
-        return f"the hub cannot be reached ({type(e).__name__})"
-    return None
-
-
-def resolve_model(name: str, adapters: bool = False) -> tuple[str, str | None]:
-    """What to load for `--model NAME` (module docstring), and a note saying what was chosen, or None.
-
-    Returns a local folder or a hub name; raises ValueError with a one-line message when there is nothing to load.
-    A LoRA checkpoint is accepted with `adapters` (troll.evaluate merges it), else refused naming troll.export.
-    """
-    from troll import packaged
-
-    path = Path(packaged.resolve(name)).expanduser()  # a packaged model's name: its folder, made on first use
-    if path.exists():
-        note = None
-        if (path / "checkpoints").is_dir():  # a run directory: the checkpoint `latest` names, else the newest
-            pointer, ckpts = path / "checkpoints" / "latest", complete_checkpoints(path)
-            latest = pointer.read_bytes().decode("utf-8", "replace").strip() if pointer.is_file() else None
-            if not ckpts:
-                named = f" ({pointer} names {latest!r}, which is not a checkpoint)" if latest is not None else ""
-                raise ValueError(f"{path} is a run directory without checkpoints{named}: pass a model folder")
-            which = "latest" if latest == ckpts[0].name else f"newest ({pointer} is missing or names none)"
-            path, note = ckpts[0], f"{name} is a run directory: evaluating its {which} checkpoint, {ckpts[0]}"
-        if not path.is_dir():
-            raise ValueError(f"{path} is not a folder (pass a model folder, a run directory or a hub name)")
-        if problem := _model_folder_problem(path):  # a damaged file: named by main (damaged_file) before loading
-            raise ValueError(f"{problem}: {damage_remedy(path)}")
-        if is_adapters(path):
-            if not adapters:
-                raise ValueError(
-                    f"{path} holds LoRA adapters, not a model: merge them into their base with python -m troll.export "
-                    f"{path} --out DIR, and pass DIR"
-                )
-            _, base = lora_base(path)
-            merged = f"its adapters merged into the run's base {base} in memory"
-            note = f"{note}; {merged}" if note else f"{path} is a LoRA checkpoint: {merged}"
-        return str(path), note
-    if not gsm8k.is_hub_name(name):
-        raise ValueError(f"model path {name} does not exist")
-    from huggingface_hub import snapshot_download
-
-    reason = "HF_HUB_OFFLINE is set" if hub_offline() else hub_lookup(name, "model")
-    if reason is None:
-        return name, None
-    try:
-        cached = snapshot_download(name, local_files_only=True)
-    except Exception:  # not cached (huggingface_hub's LocalEntryNotFoundError, or an incomplete copy)
-        raise ValueError(f"{name} is not a local path, {reason}, and it is not in the local cache") from None
-    return cached, f"{reason}: using the cached copy of {name}, {cached}"
-
-
-def check_hub_data(data: str) -> None:
-    """A `--data` that names a hub dataset must answer at once (a local path is read, and checked, by load_gsm8k):
-    ValueError with a one-line message otherwise."""
-    if Path(data).expanduser().exists() or not gsm8k.is_hub_name(data) or hub_offline():
-        return
-    reason = hub_lookup(data, "dataset")
-    if reason:
-        raise ValueError(
-            f"--data {data}: {reason}; pass a folder with test.jsonl, or set HF_HUB_OFFLINE=1 to read the datasets "
-            "cache"
-        )
 
 
 def check_not_trained_on(model_path: str, rows: list[dict[str, str]], data: str) -> None:
@@ -263,18 +134,19 @@ def check_not_trained_on(model_path: str, rows: list[dict[str, str]], data: str)
 
 
 def tasks() -> tuple[str, ...]:
-    """The tasks --task accepts: those troll.task builds, the choices of troll.config.Config's `task` field."""
-    from troll.config import Config  # imports no torch
+    """The tasks --task accepts: those troll.tasks.task builds, the choices of troll.base.config.Config's `task`
+    field."""
+    from troll.base.config import Config  # imports no torch
 
     return tuple(next(f.metadata["choices"] for f in dataclasses.fields(Config) if f.name == "task"))
 
 
 def trained_run(model_path: str) -> tuple[Path, Config] | None:
     """The run directory and config of the troll run whose checkpoint `model_path` is (module docstring), or None for
-    any other model. The config is read as troll.policy.run_config reads it, without importing torch: missing or not
-    JSON, a ValueError naming it and the command that writes it again; a config that fails its checks, Config.load's
+    any other model. The config is read as troll.models.build.run_config reads it, without importing torch: missing or
+    not JSON, a ValueError naming it and the command that writes it again; a config that fails its checks, Config.load's
     ValueError naming the file."""
-    from troll.config import Config
+    from troll.base.config import Config
 
     ckpt = Path(model_path)
     run = ckpt.parent.parent
@@ -282,7 +154,7 @@ def trained_run(model_path: str) -> tuple[Path, Config] | None:
     if ckpt.parent.name != "checkpoints" or not ((ckpt / "trainer.pt").exists() or path.exists()):
         return None
     again = (
-        f"python -m troll.train --out {run} --resume true writes it again from the run's newest checkpoint (a "
+        f"troll train --out {run} --resume true writes it again from the run's newest checkpoint (a "
         "finished run is not trained further)"
     )
     if not path.is_file():
@@ -346,15 +218,15 @@ def maj_at_k(answers: Sequence[str | None], gold: str, k: int, equal: Callable[[
 
 
 def gsm8k_equal(answer: str, gold: str) -> bool:
-    """Whether an extracted answer equals `gold` (or another answer) by troll.gsm8k.reward's own rule: the reward of
-    a completion that states `answer` after "####", so both are cleaned and compared as the reward does ("42" ==
+    """Whether an extracted answer equals `gold` (or another answer) by troll.tasks.gsm8k.reward's own rule: the reward
+    of a completion that states `answer` after "####", so both are cleaned and compared as the reward does ("42" ==
     "42.0" == "$42" == "42 dollars"; "142" != "42")."""
     return gsm8k.reward("#### " + answer.replace("\n", " "), gold) == 1.0
 
 
 def answer_rule(reward: Callable[[str, str], float]) -> tuple[Callable[[str], str | None], Callable[[str, str], bool]]:
     """How maj@k reads a sample's answer and compares two, for a task with reward `reward`: GSM8K's extraction and
-    equality for a task scored by troll.gsm8k.reward; else the completion stripped (empty: no answer), compared by
+    equality for a task scored by troll.tasks.gsm8k.reward; else the completion stripped (empty: no answer), compared by
     the reward itself (addition, rare: an exact match)."""
     if reward is gsm8k.reward:
         return gsm8k.extract_answer, gsm8k_equal
@@ -398,7 +270,7 @@ def load_generator(backend: str, model_path: str, tokenizer: Any, max_model_len:
     import torch
 
     if backend == "vllm":
-        from troll.vllm_engine import VLLMGenerator
+        from troll.models.vllm_engine import VLLMGenerator
 
         on_gpu = torch.cuda.is_available()
         dtype = "auto" if on_gpu else "float32"  # vLLM's "auto" runs a float32 checkpoint in 16 bits
@@ -408,8 +280,8 @@ def load_generator(backend: str, model_path: str, tokenizer: Any, max_model_len:
 
     from transformers import AutoModelForCausalLM
 
-    from troll.attention import use_gqa_attention
-    from troll.policy import load
+    from troll.models.attention import use_gqa_attention
+    from troll.models.build import load
     from troll.rollout import HFGenerator
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -417,15 +289,15 @@ def load_generator(backend: str, model_path: str, tokenizer: Any, max_model_len:
         model = merged_lora(Path(model_path), device)
     else:
         model = load(AutoModelForCausalLM.from_pretrained, model_path, "model").to(device)
-        use_gqa_attention(model)  # on CPU: shared key/value heads read in place (troll.attention)
+        use_gqa_attention(model)  # on CPU: shared key/value heads read in place (troll.models.attention)
     # share_prompt: a prompt forwarded once for its samples
     return HFGenerator(model.eval(), tokenizer, max_model_len, share_prompt=True)
 
 
 def merged_lora(ckpt: Path, device: Any) -> Any:
-    """A LoRA checkpoint's adapters on its run's base, merged in float32 (as troll.export writes it)."""
+    """A LoRA checkpoint's adapters on its run's base, merged in float32 (as troll.tools.export writes it)."""
     from troll.lora import merge
-    from troll.policy import build_model
+    from troll.models.build import build_model
 
     cfg, _ = lora_base(ckpt)
     cfg = dataclasses.replace(cfg, bf16=False, grad_checkpointing=False)  # merged in float32, no training
@@ -437,7 +309,7 @@ def prediction(
     row: dict, greedy: list[int], samples: list[list[int]], tokenizer: Any, spec: Any, eos: Sequence[int], limit: int
 ) -> dict:
     """One problem's line of predictions.jsonl: its question, gold, greedy completion, extracted answer, reward and
-    `cut` (stopped at the token limit `limit`: scored by what it completed, as in training, troll.task.score), and
+    `cut` (stopped at the token limit `limit`: scored by what it completed, as in training, troll.tasks.task.score), and
     with samples, each one's completion, extracted answer, reward and cut."""
     extract, _ = answer_rule(spec.reward)
     texts, finished = decode(tokenizer, [greedy, *samples]), stopped([greedy, *samples], limit, eos)
@@ -467,9 +339,9 @@ def figures(lines: Sequence[dict], reward: Callable[[str, str], float]) -> tuple
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from troll.config import ACTS_ONLY, Config
+    from troll.base.config import ACTS_ONLY, Config
 
-    p = Parser(prog="python -m troll.evaluate", description=__doc__.splitlines()[0])
+    p = Parser(prog="troll evaluate", description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="a model folder, a run directory or a hub name")
     p.add_argument(
         "--task",
@@ -529,7 +401,7 @@ def main(argv: list[str] | None = None) -> dict:
         fail(f"--temperature must be > 0 and finite, got {args.temperature}")
     seed = 0 if args.seed is None else args.seed
     out = Path(args.out or Path("evals") / Path(args.model).name)
-    written = outputs.Marked(out, "troll.evaluate", OUTPUTS, "--out")  # its own files: the folder's marker lists them
+    written = outputs.Marked(out, "troll.evaluate", OUTPUTS, "--out")  # its own files: .troll-evaluate lists them
     if file := next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None):
         fail(f"--out {out}: {file} is a file, not a folder: choose another --out")
     try:
@@ -547,7 +419,7 @@ def main(argv: list[str] | None = None) -> dict:
     task = args.task or trained_on or "gsm8k"
     if trained_on and task != trained_on and not {task, trained_on} <= set(GSM8K_FORMAT):
         fail(f"--task {task}: {args.model} was trained on {trained_on}; pass --task {trained_on} (or leave --task out)")
-    for flag in ("data", "chat"):  # the settings troll.config says act only with some tasks
+    for flag in ("data", "chat"):  # the settings troll.base.config says act only with some tasks
         _, acts, when = ACTS_ONLY[flag]
         if getattr(args, flag) is not None and not acts(task):
             why = f" ({args.model} was trained on {task})" if trained_on and args.task is None else ""
@@ -565,7 +437,7 @@ def main(argv: list[str] | None = None) -> dict:
     if lora and args.backend == "vllm":
         fail(
             f"--backend vllm loads a model folder, and {model_path} holds LoRA adapters: merge them with "
-            f"python -m troll.export {model_path} --out DIR and evaluate DIR, or pass --backend hf"
+            f"troll export {model_path} --out DIR and evaluate DIR, or pass --backend hf"
         )
     if note:
         print(f"{p.prog}: {note}", file=sys.stderr)
@@ -574,7 +446,7 @@ def main(argv: list[str] | None = None) -> dict:
     import torch  # after the checks: a usage error answers without loading torch
     from transformers import AutoTokenizer
 
-    from troll.policy import load
+    from troll.models.build import load
 
     tokenizer = load(AutoTokenizer.from_pretrained, model_path, "tokenizer")
     chat = None  # the setting, where it acts
@@ -699,4 +571,4 @@ class Progress:
 
 
 if __name__ == "__main__":
-    run_command("python -m troll.evaluate", main)
+    run_command("troll evaluate", main)

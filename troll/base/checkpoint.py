@@ -1,7 +1,7 @@
 """The run directory's files, written so that a crash at any moment leaves the previous complete state.
 
-    out/checkpoints/step-NNNNNN/   HF `save_pretrained` (model + tokenizer: loadable by troll.evaluate and vLLM;
-                                   a LoRA run's: the adapters, `python -m troll.export` merges them)
+    out/checkpoints/step-NNNNNN/   HF `save_pretrained` (model + tokenizer: loadable by troll.tools.evaluate and vLLM;
+                                   a LoRA run's: the adapters, `troll export` merges them)
                                    + trainer.pt {optimizer, scheduler, step, ...the run's state}
     out/base/                      a LoRA run's own frozen base (the tiny model, a warm-started one), written once
     out/checkpoints/latest         the name of the newest complete checkpoint
@@ -20,7 +20,7 @@
   appended a line at a time and flushed to disk; `read_jsonl(torn_tail=True)` skips a torn last line (a crash or
   a full disk during an append) with a warning, and resume's `truncate_jsonl` rewrites the file without it. Any
   other bad line is a ValueError naming the file and line.
-- torch is imported only to write and read trainer.pt, so the log readers (troll.plot) load without it.
+- torch is imported only to write and read trainer.pt, so the log readers (troll.tools.plot) load without it.
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ START = "step-000000"  # the checkpoint of a run's starting point, never rotated
 
 def save_checkpoint(out: Path, model: Any, tokenizer: Any, opt: Any, sched: Any, state: dict) -> Path:
     """Write checkpoints/step-NNNNNN (state["step"]) atomically, point `latest` at it, keep the last two and the
-    run's starting point (step-000000: the model before the first RL step, warm-started, for troll.evaluate to score
-    before and after)."""
+    run's starting point (step-000000: the model before the first RL step, warm-started, for troll.tools.evaluate to
+    score before and after)."""
     root = out / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     name = f"step-{state['step']:06d}"

@@ -1,7 +1,7 @@
-"""The declared schemas of a run's metrics.jsonl and summary.json (troll.schema's terms), and their readers.
+"""The declared schemas of a run's metrics.jsonl and summary.json (troll.base.schema's terms), and their readers.
 
-metrics.jsonl (troll.harness writes it: troll.diagnostics.step_row's row per RL step, and {"step", "eval_acc"} per
-evaluation, the first at step 0) holds one JSON object per line. Every row has an integer `step` >= 0; every other
+metrics.jsonl (troll.run.harness writes it: troll.run.diagnostics.step_row's row per RL step, and {"step", "eval_acc"}
+per evaluation, the first at step 0) holds one JSON object per line. Every row has an integer `step` >= 0; every other
 value is a number. The fields a reader uses are declared with their ranges (METRICS); a field it does not know is
 allowed, as a number (`OTHER`), since every version added metrics: the first (5feb24e, 2026-11-22) wrote reward,
 accuracy, the lengths, lr, skipped, the loss's metrics, peak_memory_mb and eval_acc; later ones added the exact
@@ -9,7 +9,7 @@ update KL and the phases' times (kl_update_*, time_*, f168c13), the sampler's mi
 behaviour_rate (5e5a2c5). A metric that is not finite is written as json.dumps writes it (NaN, Infinity) and read as
 such where its field allows it: the loss's metrics can be one, the row's own figures cannot.
 
-summary.json (troll.harness.Run.finish) holds the run's evaluations, its skipped steps and cost, and how it was run.
+summary.json (troll.run.harness.Run.finish) holds the run's evaluations, its skipped steps and cost, and how it was run.
 Version 1 (5feb24e) had eval_before, eval_after, skipped_steps, wall_clock_s, steps, loss, seed, eval_problems;
 version 2 (00b8941) added eval_best and eval_best_step; version 3 (9b0eb00) `changes`, the settings changed on
 resume. Any other field (the warm-start record, the prompts dropped) is allowed.
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from troll.schema import Problem, Spec, fields_problem, first_problem, read_json_checked, read_jsonl_checked, shown
+from troll.base.schema import Problem, Spec, fields_problem, first_problem, read_json_checked, read_jsonl_checked, shown
 
 METRICS_FILE, SUMMARY_FILE = "metrics.jsonl", "summary.json"
 

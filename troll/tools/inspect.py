@@ -1,6 +1,6 @@
-"""See the trust region act, token by token: a run's per-token records (troll.records) as a page and as text.
+"""See the trust region act, token by token: a run's per-token records (troll.run.records) as a page and as text.
 
-    python -m troll.inspect runs/tiny-rare-troll runs/tiny-rare-ppo --step 15 --out page.html
+    troll inspect runs/tiny-rare-troll runs/tiny-rare-ppo --step 15 --out page.html
 
 prints, for each run, the step's recorded samples token by token (q, p before, at and after the update, the KL at
 the token's position before the projection, projected or not, the raw and the projected ratio, and whether PPO-clip
@@ -20,21 +20,21 @@ The page shows each completion as its tokens, two runs side by side, coloured by
 with a three-line key (q, p, pi*, the KL's unit and scope), each panel's counts (tokens, projected, cut) and the
 run's held-out accuracy at the step (metrics.jsonl), which samples both panels share, and every recorded step
 behind a step selector (at most MAX_STEPS a run, evenly spaced, the first, shown and last kept: the page is at most
-about runs x MAX_STEPS x troll.records.row_bytes_bound bytes, and the command prints its size). A click pins a
+about runs x MAX_STEPS x troll.run.records.row_bytes_bound bytes, and the command prints its size). A click pins a
 token's figures: what happened, and set apart, what the other method would have done (a TROLL run's clip, a
-PPO-clip run's projection, both under DPPO and CISPO: troll.records computes them for every run). The address
+PPO-clip run's projection, both under DPPO and CISPO: troll.run.records computes them for every run). The address
 `page.html#colour=clip_ball&step=15&pin=RUN.SAMPLE.TOKEN,...` opens on that view and step with those tokens pinned
 (`pin=1.239.3`: the second run, sample 239, its fourth token); a value that names none of the page's own views
 (`constructor`, which every object inherits, is none) or is no recorded step in decimal digits (`1e0` is not) opens
 the default view or step. Each sample shows its whole prompt and its gold answer (tokens.jsonl version 3).
 
 The page replaces a file at `--out` as a tool's `-o` does, whole (a temporary file beside it, renamed over it:
-troll.outputs); a folder or a symbolic link there is refused, the link left as it is and never written through.
+troll.base.outputs); a folder or a symbolic link there is refused, the link left as it is and never written through.
 `--step` picks the step shown first (default: the last one every run recorded), `--colour` the view. A run's records
-are read whole only at the steps the page holds (troll.records.Records: a 30,000-step file opens in a second). A
-missing or damaged run file (config.json; each records row read, checked field by field against troll.records' schema;
-metrics.jsonl against troll.runfiles') is one line naming it, and for a row its line and field
-(`troll.cli.run_command`), never a traceback.
+are read whole only at the steps the page holds (troll.run.records.Records: a 30,000-step file opens in a second). A
+missing or damaged run file (config.json; each records row read, checked field by field against troll.run.records'
+schema; metrics.jsonl against troll.run.runfiles') is one line naming it, and for a row its line and field
+(`troll.base.cli.run_command`), never a traceback.
 """
 
 from __future__ import annotations
@@ -44,11 +44,11 @@ import json
 import warnings
 from pathlib import Path
 
-from troll import outputs
-from troll.cli import Parser, UsageError, run_command
-from troll.records import Records, ratio
+from troll.base import outputs
+from troll.base.cli import Parser, UsageError, run_command
+from troll.run.records import Records, ratio
 
-PROG = "python -m troll.inspect"
+PROG = "troll inspect"
 SHOWN = ("task", "loss", "eps", "clip_low", "clip_high", "level", "support", "old_policy", "staleness", "lr",
          "prompts_per_step", "samples_per_prompt", "epochs", "minibatches", "seed", "steps")  # fmt: skip
 TEXT_TOKENS = 24  # the terminal shows at most this many tokens of a sample (the page shows all)
@@ -58,9 +58,9 @@ ACTS = {"troll": "ball", "ppo_clip": "clip"}  # which of the two a run's loss ap
 
 def load(run: str) -> tuple[dict, Records, dict[int, float]]:
     """A run's config (as saved), its per-token records (indexed by step, a row read whole when asked for:
-    troll.records.Records) and its held-out accuracy by step (empty without metrics.jsonl); UsageError naming what
+    troll.run.records.Records) and its held-out accuracy by step (empty without metrics.jsonl); UsageError naming what
     is missing or damaged."""
-    from troll.runfiles import read_metrics
+    from troll.run.runfiles import read_metrics
 
     out = Path(run)
     if not out.is_dir():
@@ -446,7 +446,7 @@ def page(runs: list[tuple[str, dict, list[dict], dict[int, float]]], step: int, 
     title = html.escape(" | ".join(name for name, *_ in runs))
     key = "".join(f"<div>{line}</div>" for line in KEY)
     return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>troll.inspect: {title}</title>
+<html lang="en"><head><meta charset="utf-8"><title>troll.tools.inspect: {title}</title>
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <style>{STYLE}</style></head>
 <body>

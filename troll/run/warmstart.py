@@ -35,7 +35,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from troll.policy import completion_logits
-from troll.task import Task, encode
+from troll.tasks.task import Task, encode
 
 
 def answer_batch(
@@ -122,7 +122,7 @@ def warm_start(
 
 
 def warm_start_task(cfg: Any, model: Any, tokenizer: Any, task: Task) -> dict:
-    """`warm_start` on a task's training problems with a run's settings (a troll.config.Config); prints and returns
+    """`warm_start` on a task's training problems with a run's settings (a troll.base.config.Config); prints and returns
     its record."""
     warm = warm_start(
         model, tokenizer, task.train, task.prompt, steps=cfg.sft_steps, lr=cfg.sft_lr, batch=cfg.sft_batch,

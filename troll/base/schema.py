@@ -10,8 +10,8 @@ and says what the newest one wants when none has the row. `SchemaError` is the o
 `run_command` prints it, exit 2) and a ValueError (what the readers raised for a damaged file before).
 
 `read_jsonl_checked` and `read_json_checked` read a file and check it. The tables live beside their files' writers
-or readers: tokens.jsonl in troll.records, metrics.jsonl and summary.json in troll.runfiles, the studies' results
-rows in study.runner. Nothing here imports torch.
+or readers: tokens.jsonl in troll.run.records, metrics.jsonl and summary.json in troll.run.runfiles, the studies'
+results rows in study.runner. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from troll.cli import UsageError
+from troll.base.cli import UsageError
 
 Table = Mapping[str, "Spec"]
 Problem = tuple[str, str]  # (the field's path, e.g. "samples[0].kl[3]", what is wrong with it)
@@ -144,11 +144,11 @@ def jsonl_lines(path: Path) -> list[int]:
 
 def read_jsonl_checked(path: Path, problem: Callable[[dict], Problem | None], forward: str,
                        torn_tail: bool = True) -> list[dict]:  # fmt: skip
-    """The rows of a JSONL file (troll.checkpoint.read_jsonl: a torn last line skipped with a warning), each checked
-    by `problem` (a row -> its first Problem or None); the first row that is not as declared is a SchemaError naming
-    the file, its line and the field, then `forward` (the way forward). A line that is not a JSON object stays
+    """The rows of a JSONL file (troll.base.checkpoint.read_jsonl: a torn last line skipped with a warning), each
+    checked by `problem` (a row -> its first Problem or None); the first row that is not as declared is a SchemaError
+    naming the file, its line and the field, then `forward` (the way forward). A line that is not a JSON object stays
     read_jsonl's ValueError, which names the file and the line."""
-    from troll.checkpoint import read_jsonl
+    from troll.base.checkpoint import read_jsonl
 
     rows = read_jsonl(path, torn_tail=torn_tail)
     for n, row in zip(jsonl_lines(path), rows, strict=False):

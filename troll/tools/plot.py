@@ -1,7 +1,7 @@
 """Curves from metrics.jsonl in one figure, a panel per metric, several runs overlaid (e.g. TROLL vs clip):
 
-    python -m troll.plot runs/tiny-troll runs/tiny-clip --out plots/      # writes plots/metrics.png
-    python -m troll.plot runs/s*-troll runs/s*-clip --by loss              # seeds: a colour per loss, its mean thick
+    troll plot runs/tiny-troll runs/tiny-clip --out plots/      # writes plots/metrics.png
+    troll plot runs/s*-troll runs/s*-clip --by loss              # seeds: a colour per loss, its mean thick
 
 Each run is one colour in every panel, labelled by its folder name in one legend above the panels; x is the RL step.
 With `--by loss` (several seeds of each loss), each run is a thin line in the colour of the loss its config.json
@@ -15,15 +15,15 @@ response length and gradient norm. The held-out accuracy starts at step 0, the e
 shows the starting point and the gain. `figure` returns the same figure for a notebook.
 
 Usage errors exit 2 with one line naming the problem: a missing run directory, a missing or empty metrics.jsonl, a
-line in it that is not a JSON object, or a row that is not as its declared schema says (troll.runfiles.METRICS: an
-integer "step", numbers in their ranges), each named by file, line and field; a metrics.png in --out that troll.plot
-did not write. A torn last line (a run killed while appending one) is skipped with a warning
+line in it that is not a JSON object, or a row that is not as its declared schema says (troll.run.runfiles.METRICS: an
+integer "step", numbers in their ranges), each named by file, line and field; a metrics.png in --out that
+troll.tools.plot did not write. A torn last line (a run killed while appending one) is skipped with a warning
 naming the file (`read_jsonl`).
 
-Its own files only: every figure troll.plot writes carries the PNG text entry Software=troll.plot (FIGURE_MARK), and
-it replaces an <out>/metrics.png only when that file carries it (a figure it wrote before). Anything else there of
-that name (someone's file, a figure from before the mark, a folder, a symbolic link, which is never written through)
-is refused, unchanged: choose another --out.
+Its own files only: every figure troll.tools.plot writes carries the PNG text entry Software=troll.tools.plot
+(FIGURE_MARK), and it replaces an <out>/metrics.png only when that file carries it (a figure it wrote before). Anything
+else there of that name (someone's file, a figure from before the mark, a folder, a symbolic link, which is never
+written through) is refused, unchanged: choose another --out.
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from troll import runfiles
-from troll.cli import Parser, run_command
-from troll.outputs import png_marked
+from troll.base.cli import Parser, run_command
+from troll.base.outputs import png_marked
+from troll.run import runfiles
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -59,12 +59,12 @@ PANELS = {  # metrics.jsonl key (troll.train.rl_step writes them) -> (the panel'
 MEAN_SHOWN = ("kl_update_mean",)  # panels that also show each run's mean over its steps (the figure docs quote)
 DEFAULT_KEYS = tuple(PANELS)
 FIGURE_NAME = "metrics.png"
-FIGURE_MARK = ("Software", "troll.plot")  # a PNG text entry (key, value) in every figure written: troll.plot's own
+FIGURE_MARK = ("Software", "troll.plot")  # a PNG text entry (key, value) in every figure written: the plot's own
 COLUMNS = 3
 
 
 def read_metrics(run: str | Path) -> list[dict]:
-    """The rows of <run>/metrics.jsonl, each checked against its declared schema (troll.runfiles.METRICS: an integer
+    """The rows of <run>/metrics.jsonl, each checked against its declared schema (troll.run.runfiles.METRICS: an integer
     "step" >= 0, every other value a number, the known ones in their ranges); a torn last line skipped (`read_jsonl`).
     """
     return runfiles.read_metrics(run)
@@ -103,9 +103,9 @@ def curves(data: dict[str, list[dict]], keys: Sequence[str]) -> dict[str, dict[s
 
 
 def losses(runs: Sequence[str | Path]) -> dict[str, str]:
-    """{run folder name: the loss its config.json names} (troll.config.Config.load: a missing or damaged config is a
-    ValueError naming the file)."""
-    from troll.config import Config  # imports no torch
+    """{run folder name: the loss its config.json names} (troll.base.config.Config.load: a missing or damaged config is
+    a ValueError naming the file)."""
+    from troll.base.config import Config  # imports no torch
 
     out = {}
     for run in runs:
@@ -175,29 +175,30 @@ def figure(runs: Sequence[str | Path], keys: Sequence[str] = DEFAULT_KEYS, by: s
 
 
 def marked(path: Path) -> bool:
-    """Whether file `path` is a PNG image carrying FIGURE_MARK among its text chunks: a figure troll.plot wrote."""
+    """Whether file `path` is a PNG image carrying FIGURE_MARK among its text chunks: a figure troll.tools.plot
+    wrote."""
     return png_marked(path, *FIGURE_MARK)
 
 
 def plot_runs(
     runs: Sequence[str | Path], out: str | Path, keys: Sequence[str] = DEFAULT_KEYS, by: str = "run"
 ) -> Path | None:
-    """Write the runs' figure (`figure`) to <out>/metrics.png, marked as troll.plot's (FIGURE_MARK), and return that
-    path; None (nothing written, no folder made) when no run logged any of `keys`. A metrics.png there that is not
-    troll.plot's (`marked`), or a symbolic link of that name, is a FileExistsError naming it, nothing written."""
+    """Write the runs' figure (`figure`) to <out>/metrics.png, marked as troll.tools.plot's (FIGURE_MARK), and return
+    that path; None (nothing written, no folder made) when no run logged any of `keys`. A metrics.png there that is not
+    troll.tools.plot's (`marked`), or a symbolic link of that name, is a FileExistsError naming it, nothing written."""
     fig = figure(runs, keys, by)
     if fig is None:
         return None
     path = Path(out) / FIGURE_NAME
     if path.is_symlink():
         raise FileExistsError(
-            f"{path} is a symbolic link, and troll.plot never writes through one: choose another --out, or remove "
+            f"{path} is a symbolic link, and troll plot never writes through one: choose another --out, or remove "
             "the link (what it points to is left alone)"
         )
     ours = path.exists()
     if ours and not (path.is_file() and marked(path)):
         raise FileExistsError(
-            f"{path} is not a figure troll.plot wrote (its own carry the PNG text {'='.join(FIGURE_MARK)}), so it is "
+            f"{path} is not a figure troll plot wrote (its own carry the PNG text {'='.join(FIGURE_MARK)}), so it is "
             "left as it is: choose another --out, or move it away"
         )
     Path(out).mkdir(parents=True, exist_ok=True)
@@ -209,7 +210,7 @@ def plot_runs(
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = Parser(prog="python -m troll.plot", description="Plot metrics.jsonl of one or more runs")
+    p = Parser(prog="troll plot", description="Plot metrics.jsonl of one or more runs")
     p.add_argument("runs", nargs="+", help="run directories (each holding metrics.jsonl)")
     p.add_argument("--out", default="plots", help=f"folder for the figure, {FIGURE_NAME}; default: %(default)s")
     p.add_argument(
@@ -240,4 +241,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    run_command("python -m troll.plot", main)
+    run_command("troll plot", main)

@@ -7,12 +7,12 @@
     acc, records = evaluate(generator, tokenizer, task, max_new_tokens)   # greedy pass@1 on task.test
 
 Rows are dicts {question, answer (reference solution), gold (the final answer)}. Four tasks: `addition`
-(troll.addition, the tiny CPU task), `rare` (its variant whose rewarded answer format starts rare; `behaviour`
-tells a completion that shows it, logged per step as behaviour_rate), `gsm8k` (troll.gsm8k) and `words`
-(troll.words: arithmetic word problems, prompted and scored as GSM8K is, the real model's CPU task). The reward maps
-(completion text, gold) to 0.0 or 1.0; a completion stopped at the token limit is scored by what it completed
+(troll.tasks.addition, the tiny CPU task), `rare` (its variant whose rewarded answer format starts rare; `behaviour`
+tells a completion that shows it, logged per step as behaviour_rate), `gsm8k` (troll.tasks.gsm8k) and `words`
+(troll.tasks.words: arithmetic word problems, prompted and scored as GSM8K is, the real model's CPU task). The reward
+maps (completion text, gold) to 0.0 or 1.0; a completion stopped at the token limit is scored by what it completed
 (`rewards_of`: GSM8K's format drops a number the limit may have cut, "#### 8" of "#### 85", so it is no answer).
-Training, the supervised warm-start and troll.evaluate all go through these functions, so a prompt is tokenised, a
+Training, the supervised warm-start and troll.tools.evaluate all go through these functions, so a prompt is tokenised, a
 completion decoded and a problem scored the same way everywhere.
 """
 
@@ -22,14 +22,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from troll import addition, gsm8k, words
+from troll.tasks import addition, gsm8k, words
 
 if TYPE_CHECKING:
     from troll.rollout import Generator, Rollouts
 
 
-# tasks prompted and scored as GSM8K is (troll.gsm8k.make_prompt, troll.gsm8k.reward): a model trained on one of them
-# is scored on another by troll.evaluate (a words run's GSM8K accuracy before and after)
+# tasks prompted and scored as GSM8K is (troll.tasks.gsm8k.make_prompt, troll.tasks.gsm8k.reward): a model trained on
+# one of them is scored on another by troll.tools.evaluate (a words run's GSM8K accuracy before and after)
 GSM8K_FORMAT = ("gsm8k", "words")
 
 
@@ -102,7 +102,7 @@ def stopped(ids: Sequence[Sequence[int]], max_new_tokens: int, eos: Sequence[int
 
 
 def load_task(cfg: Any, tokenizer: Any) -> tuple[Task, dict[str, int]]:
-    """The task `cfg.task` (a troll.config.Config): its data, prompt template and reward. Prompts longer than
+    """The task `cfg.task` (a troll.base.config.Config): its data, prompt template and reward. Prompts longer than
     `cfg.max_prompt_len` tokens are dropped; returns the task and how many rows each split lost."""
     if cfg.task in ("addition", "rare"):
         rare = cfg.task == "rare"

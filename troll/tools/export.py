@@ -1,7 +1,7 @@
 """Export a LoRA run as a plain model folder: its newest checkpoint's adapters merged into the base, in float32,
-with the tokenizer, for troll.evaluate, vLLM or the hub.
+with the tokenizer, for troll.tools.evaluate, vLLM or the hub.
 
-    python -m troll.export runs/x --out runs/x/merged     # a run's newest checkpoint (or a checkpoint folder)
+    troll export runs/x --out runs/x/merged     # a run's newest checkpoint (or a checkpoint folder)
 
 A command beside troll.lora rather than in it: it builds the run's model (troll.policy), which itself builds on
 troll.lora, and the two modules stay free of each other's imports.
@@ -14,15 +14,15 @@ from pathlib import Path
 
 import torch
 
-from troll.checkpoint import complete_checkpoints
-from troll.cli import Parser
+from troll.base.checkpoint import complete_checkpoints
+from troll.base.cli import Parser
 from troll.lora import is_adapter_checkpoint, merge
-from troll.policy import build_model, run_config
+from troll.models.build import build_model, run_config
 
 
 def export(source: str | Path, out: str | Path) -> Path:
     """Merge a run's newest checkpoint (or a checkpoint folder) into a plain model folder `out` in float32, with the
-    tokenizer: what troll.evaluate and vLLM load. ValueError names what is not a LoRA run or checkpoint."""
+    tokenizer: what troll.tools.evaluate and vLLM load. ValueError names what is not a LoRA run or checkpoint."""
     source = Path(source)
     ckpt = (complete_checkpoints(source) or [None])[0] if (source / "checkpoints").is_dir() else source
     run = source if ckpt is not source else source.parent.parent
@@ -37,7 +37,7 @@ def export(source: str | Path, out: str | Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = Parser(prog="python -m troll.export", description="Export a LoRA run as a merged model.")
+    parser = Parser(prog="troll export", description="Export a LoRA run as a merged model.")
     parser.add_argument("source", help="a LoRA run directory (its newest checkpoint) or one checkpoint folder")
     parser.add_argument("--out", required=True, help="the folder to write the merged model and tokenizer into")
     args = parser.parse_args(argv)
@@ -52,6 +52,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from troll.cli import run_command
+    from troll.base.cli import run_command
 
-    run_command("python -m troll.export", main)
+    run_command("troll export", main)

@@ -1,5 +1,5 @@
-"""troll.evaluate's work, done in order and kept as it goes: each problem's greedy completion and samples, its line
-of predictions.jsonl written when they are done, so a stopped evaluation keeps what it did and continues.
+"""troll.tools.evaluate's work, done in order and kept as it goes: each problem's greedy completion and samples, its
+line of predictions.jsonl written when they are done, so a stopped evaluation keeps what it did and continues.
 
     for finished in completions(generator, prompts, n, max_new_tokens, temperature, seed, block, per_call,
                                 start=len(done)):
@@ -19,7 +19,7 @@ problems from `start` on.
 The state a resume needs (`SETTINGS`, `read_done`): evaluation.json holds the settings that decide the predictions
 (the model's folder name and its files' sizes and times, which a copy keeps, so a copied run continues; the task,
 its data and problems, the backend, the lengths, the samples, their temperature and seed); predictions.jsonl's
-lines are read through `PREDICTION` (troll.schema), and must be the first problems' in order. Other settings, no
+lines are read through `PREDICTION` (troll.base.schema), and must be the first problems' in order. Other settings, no
 such file, or a damaged one (said in one line): the evaluation starts over. Nothing here imports torch.
 """
 
@@ -30,7 +30,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from troll.schema import Spec, fields_problem, read_json_checked, read_jsonl_checked
+from troll.base.schema import Spec, fields_problem, read_json_checked, read_jsonl_checked
 
 if TYPE_CHECKING:
     from troll.rollout import Generator
@@ -117,7 +117,7 @@ def read_done(folder: Path, settings: dict, rows: Sequence[dict]) -> list[dict] 
     """The predictions of a stopped evaluation in `folder` with these `settings`, to continue from (a torn last line
     dropped: the evaluation stopped while writing it); None when there is none to continue (no evaluation.json, or
     other settings). A damaged file or line is a ValueError (a SchemaError for a field) naming the file, the line and
-    the field, which troll.evaluate prints before it starts over."""
+    the field, which troll.tools.evaluate prints before it starts over."""
     state, lines = folder / "evaluation.json", folder / "predictions.jsonl"
     if not (state.is_file() and lines.is_file()):
         return None

@@ -12,7 +12,7 @@ figures, both ways: docs/results.md#the-task-format-why-the-sum-is-written-backw
 standard fix (Lee et al., "Teaching Arithmetic to Small Transformers", 2023).
 
 The prompt is this raw text, nothing around it: a saved or exported tiny model is prompted with "04+85=" exactly, and
-its tokenizer has no chat template (troll.policy.build_model; docs/usage.md shows one loaded and prompted).
+its tokenizer has no chat template (troll.models.build.build_model; docs/usage.md shows one loaded and prompted).
 
 All 10,000 pairs (a, b), 0 <= a, b <= 99, are shuffled once with a fixed seed: the last 1,000 are held out for
 evaluation, the other 9,000 are for training. Characters are tokens (the tiny tokenizer is byte-level with no

@@ -1,7 +1,7 @@
 """The run's config: typed fields with their help, presets, command-line flags, checks, and config.json.
 
     cfg = Config.from_args(["--preset", "tiny-cpu", "--loss", "ppo_clip", "--seed", "1"])
-    python -m troll.train --help          # every flag: its help, default and allowed values
+    troll train --help          # every flag: its help, default and allowed values
 
 Every field is a flag (`--lr 1e-6`, `--bf16 true`, `--micro_batch_tokens auto`), parsed by the field's type; a
 preset sets a group of fields and flags win over it. Every Config is checked when it is made (`check`: types,
@@ -17,7 +17,7 @@ given are checked: a preset's values and the defaults never are (the field's def
 A comma-separated list must name only what exists: `--lora_targets` names that match no layer of the model are
 refused when the model is built, before the run folder is touched (troll.lora.check_targets).
 
-The resolved config is saved to `<out>/config.json` (troll.harness writes it once the run has claimed its folder);
+The resolved config is saved to `<out>/config.json` (troll.run.harness writes it once the run has claimed its folder);
 `--resume true` reads it back with the same checks, and it must name every field, so a run never resumes under
 defaults it did not use; reading it writes nothing (`Config.resumed`). This module imports no torch, so `--help`
 answers at once.
@@ -29,7 +29,7 @@ Presets:
     tiny-rare           tiny-stale on the rare-behaviour task (a rewarded answer format the warm-start writes 1% of
                         the time) with a 1,024-token vocabulary: how fast each loss adopts a rare good token
     tiny-lora           tiny-cpu with LoRA adapters (rank 8, alpha 16) on the frozen warm-started model, lr 3e-4
-    smollm2-words       a real LM on CPU: SmolLM2-135M-Instruct (troll.packaged) on word problems scored as GSM8K
+    smollm2-words       a real LM on CPU: SmolLM2-135M-Instruct (troll.models.packaged) on word problems scored as GSM8K
     gsm8k-qwen2.5-0.5b  GSM8K on one GPU: vLLM rollouts, bf16, chunked output layer, gradient checkpointing
     gsm8k-qwen3-0.6b    the same recipe for Qwen3-0.6B, with half the micro-batch
     gsm8k-qwen3-1.7b-lora   the recipe with LoRA (rank 32, lr 1e-5) for Qwen3-1.7B on a 24 GB GPU
@@ -50,8 +50,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from troll.cli import Parser
-from troll.metrics import logger_missing
+from troll.base.cli import Parser
+from troll.base.metrics import logger_missing
 
 # the baselines' defaults that depend on more than one field; troll.losses holds the same values (a test locks them),
 # and this module imports no torch
@@ -67,7 +67,7 @@ def _bool(s: str) -> bool:
 
 
 def _int_or_auto(s: str) -> int:
-    """micro_batch_tokens: a count, or "auto" (stored as 0; the trainer sizes it from troll.memory)."""
+    """micro_batch_tokens: a count, or "auto" (stored as 0; the trainer sizes it from troll.models.memory)."""
     if s.lower() == "auto":
         return 0
     try:
@@ -105,7 +105,8 @@ class Config:
     task: str = opt(
         "addition",
         "the task: addition (tiny CPU task), rare (addition, rewarded only in a format the warm-start writes 1% of "
-        "the time: troll.addition), gsm8k, or words (arithmetic word problems asked and scored as GSM8K: troll.words)",
+        "the time: troll.tasks.addition), gsm8k, or words (arithmetic word problems asked and scored as GSM8K: "
+        "troll.tasks.words)",
         ("addition", "rare", "gsm8k", "words"),
     )
     reverse_sum: bool = opt(True, 'addition: the sum written least-significant digit first ("04+85=" -> "980")')
@@ -208,7 +209,7 @@ class Config:
     eval_size: int = opt(1000, "held-out problems per evaluation (0 = the whole test split)")
     save_every: int = opt(25, "RL steps between checkpoints")
     samples_to_log: int = opt(4, "completions written to samples.jsonl per evaluation")
-    records_samples: int = opt(4, "per-token records (tokens.jsonl, troll.records) of this many samples (0: none)")
+    records_samples: int = opt(4, "per-token records (tokens.jsonl, troll.run.records) of this many samples (0: none)")
     records_every: int = opt(0, "RL steps between per-token records (0: at the evaluated steps)")
     kl_update_vocab: int = opt(0, "diagnostics: exact KL(new || old) over V after each step if V <= this (0: off)")
     log_to: str = opt("none", "also log to tensorboard (<out>/tensorboard) or wandb", ("none", "tensorboard", "wandb"))
@@ -234,9 +235,9 @@ class Config:
             raise ValueError("invalid config: " + "; ".join(problems))
 
     @classmethod
-    def from_args(cls, argv: list[str] | None = None, prog: str = "python -m troll.train") -> Config:
-        """Parse flags (module docstring); any invalid value is an argparse error: one line (troll.cli.Parser), exit
-        2, before any work. `prog` names the command in that line (bench/step.py passes its own flags through)."""
+    def from_args(cls, argv: list[str] | None = None, prog: str = "troll train") -> Config:
+        """Parse flags (module docstring); any invalid value is an argparse error: one line (troll.base.cli.Parser),
+        exit 2, before any work. `prog` names the command in that line (bench/step.py passes its own flags through)."""
         parser = cls.parser(prog)
         overrides = vars(parser.parse_args(argv))  # the flags given (a flag not given is absent), and --preset
         preset = overrides.pop("preset")
@@ -261,7 +262,7 @@ class Config:
         return cfg
 
     @classmethod
-    def parser(cls, prog: str = "python -m troll.train") -> argparse.ArgumentParser:
+    def parser(cls, prog: str = "troll train") -> argparse.ArgumentParser:
         """The command line: --preset, then one flag per field with its help, default and choices."""
         parser = Parser(
             prog=prog,
@@ -340,9 +341,9 @@ class Config:
     def resumed(cls, out: Path) -> Config:
         """The config of the run in `out`, to resume it, read only: its config.json; when that is missing or not
         JSON, the settings its newest readable checkpoint was written with, read only once `out` is known to be a
-        run's folder (troll.outputs.run_marker: a folder that troll did not mark is refused, no checkpoint read).
+        run's folder (troll.base.outputs.run_marker: a folder that troll did not mark is refused, no checkpoint read).
         config.json is written again, a damaged one kept beside it, when the run claims its folder after every check
-        (troll.harness.Run.claim). ValueError when there is nothing to resume."""
+        (troll.run.harness.Run.claim). ValueError when there is nothing to resume."""
         path = out / "config.json"
         if not path.exists() and not path.is_symlink():
             problem = f"{path} does not exist"
@@ -355,8 +356,8 @@ class Config:
                 problem = f"{path} is not valid JSON"
             else:
                 return cls.load(path)
-        from troll.checkpoint import checkpoint_settings  # imports torch: only for a run that needs it
-        from troll.outputs import RUN_MARKER, run_marker
+        from troll.base.checkpoint import checkpoint_settings  # imports torch: only for a run that needs it
+        from troll.base.outputs import RUN_MARKER, run_marker
 
         # a run made before the marker is recognised by its config.json, which is damaged here: unmarked, unread
         found = checkpoint_settings(out) if run_marker(out) else None
@@ -391,7 +392,7 @@ ADDED = {
 }  # fmt: skip
 
 
-# Fields that change nothing the run computes (troll.records only watches it): a config without them takes today's
+# Fields that change nothing the run computes (troll.run.records only watches it): a config without them takes today's
 # defaults, and compares equal to the same run made now
 OBSERVING = {f.name: f.default for f in fields(Config) if f.name in ("records_samples", "records_every")}
 
@@ -408,7 +409,7 @@ def settings(saved: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in with_added(saved).items() if k not in NOT_SETTINGS}
 
 
-# What may differ when a run is resumed (troll.harness applies and records it); every other field is the run's.
+# What may differ when a run is resumed (troll.run.harness applies and records it); every other field is the run's.
 RESUME_CHANGEABLE = (
     "steps", "lr", "eval_every", "save_every", "samples_to_log", "log_to", "micro_batch_tokens",
     "grad_checkpointing", "kl_update_vocab", "device", "backend", "vllm_gpu_memory", "records_samples", "records_every",
@@ -506,7 +507,8 @@ def check(cfg: Config) -> list[str]:
 
 # Settings that act only under a switch: field -> (the switch, the switch's values where the field acts, those in
 # words). From how the code reads each field: Config.loss_kwargs (troll.losses' parameters), troll.train,
-# troll.task, troll.warmstart, troll.policy, troll.harness, troll.records. Every field not listed acts in every run.
+# troll.tasks.task, troll.run.warmstart, troll.policy, troll.run.harness, troll.run.records. Every field not listed
+# acts in every run.
 _WARM = (lambda v: v > 0, "--sft_steps > 0 (a supervised warm-start)")
 ACTS_ONLY: dict[str, tuple[str, typing.Callable[[Any], bool], str]] = {
     "eps": ("loss", lambda v: v == "troll", "--loss troll"),
@@ -592,8 +594,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     # LoRA on the tiny task at its best learning rate in the paired study against full fine-tuning
     # (docs/results.md#lora-against-full-fine-tuning-tiny-task): about 3x full fine-tuning's there
     "tiny-lora": dict(lora_rank=8, lora_alpha=16.0, lr=3e-4, out="runs/tiny-lora"),
-    # a real pretrained LM on a CPU: SmolLM2-135M-Instruct from its PyPI package (troll.packaged) on arithmetic word
-    # problems asked and scored as GSM8K is (troll.words), after a short supervised warm-start; sized for 2 cores
+    # a real pretrained LM on a CPU: SmolLM2-135M-Instruct from its PyPI package (troll.models.packaged) on arithmetic
+    # word problems asked and scored as GSM8K is (troll.tasks.words), after a short supervised warm-start; sized for 2
+    # cores
     # (docs/results.md#a-real-model-smollm2-135m-instruct)
     "smollm2-words": dict(
         task="words",
@@ -618,9 +621,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         out="runs/smollm2-words",
     ),  # fmt: skip
     "gsm8k-qwen2.5-0.5b": dict(_GSM8K_GPU, model="Qwen/Qwen2.5-0.5B-Instruct", out="runs/gsm8k-qwen2.5-0.5b"),
-    # 8,192 tokens: troll.memory leaves 16,384 too close to a 24 GB GPU's budget beside vLLM for this model
+    # 8,192 tokens: troll.models.memory leaves 16,384 too close to a 24 GB GPU's budget beside vLLM for this model
     "gsm8k-qwen3-0.6b": dict(_GSM8K_GPU, model="Qwen/Qwen3-0.6B", micro_batch_tokens=8192, out="runs/gsm8k-qwen3-0.6b"),
-    # the papers' models with LoRA, sized by troll.memory for one GPU each (docs/results.md#what-fits-where): the
+    # the papers' models with LoRA, sized by troll.models.memory for one GPU each (docs/results.md#what-fits-where): the
     # largest micro-batch whose update fits with vLLM asleep; vLLM's fraction 0.05 below the most the trainer's
     # resident state leaves while vLLM generates (the most KV cache; its least: bf16 weights + a minimal KV cache)
     "gsm8k-qwen3-1.7b-lora": dict(_GSM8K_GPU, **_LORA, model="Qwen/Qwen3-1.7B", vllm_gpu_memory=0.75,

@@ -2,12 +2,12 @@
 
     question  "Mia has 47 marbles. She gets 38 more. How many marbles does Mia have now?"
     answer    "47 + 38 = 85\\n#### 85"           gold "85"
-    reward    troll.gsm8k.reward: the number after the last "####" (else the last number) equals the gold
+    reward    troll.tasks.gsm8k.reward: the number after the last "####" (else the last number) equals the gold
 
 Why this task: GSM8K itself gives a 135M model no signal (SmolLM2-135M-Instruct solves none of the first 32 test
 problems zero-shot, and a reward of 0 for every sample leaves every group without an advantage), while two-digit
 arithmetic asked in words is within its reach after a short supervised warm-start, and a step stays short: the
-answer is one line of about a dozen tokens. It is asked exactly as GSM8K is (troll.gsm8k.make_prompt: the question
+answer is one line of about a dozen tokens. It is asked exactly as GSM8K is (troll.tasks.gsm8k.make_prompt: the question
 and "Let's think step by step and output the final answer after '####'", through the chat template), and scored by
 GSM8K's reward, so what RL teaches here (the arithmetic and the "####" line) is what GSM8K's scoring reads, and
 GSM8K accuracy is measured before and after on the same prompts.

@@ -1,4 +1,4 @@
-"""What `python -m troll.check` watches a run with, apart from the checks it draws from them (troll/check.py).
+"""What `troll check` watches a run with, apart from the checks it draws from them (troll/tools/check.py).
 
     train(cfg, LossWatch(LOSSES[cfg.loss]), lambda g: Recorder(g, cfg))   # troll.train's two seams for this
     figures = measure(out)                 # the run for <out>/check.json, watched; also written to <out>/measure.json
@@ -25,13 +25,13 @@ from typing import Any
 
 import torch
 
-from troll import memory
 from troll.aggregate import aggregate
-from troll.config import Config
-from troll.diagnostics import proc_status_bytes, reset_peak_rss
+from troll.base.config import Config
 from troll.head import LMHead, compute_dtype
 from troll.losses import LOSSES
+from troll.models import memory
 from troll.rollout import Batch, Generator, Rollouts
+from troll.run.diagnostics import proc_status_bytes, reset_peak_rss
 from troll.sparse import SparseDist
 
 # ----------------------------------------------------------------------------- the run's generator and loss

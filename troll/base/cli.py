@@ -1,10 +1,10 @@
 """What every command does with a problem the user fixes, and with Ctrl-C: one line on stderr, never a traceback.
 
     if __name__ == "__main__":
-        run_command("python -m troll.plot", main)           # exit 2 on a user's problem, 1 on a bug, SIGINT on Ctrl-C
-        run_command("python -m troll.train", lambda: train(cfg), resume="python -m troll.train --out x --resume true")
+        run_command("troll plot", main)           # exit 2 on a user's problem, 1 on a bug, SIGINT on Ctrl-C
+        run_command("troll train", lambda: train(cfg), resume="troll train --out x --resume true")
 
-- `UsageError` (and troll.harness.RunError, one of them) is a problem with the arguments, files or environment that
+- `UsageError` (and troll.run.harness.RunError, one of them) is a problem with the arguments, files or environment that
   the user resolves: its message names it and the fix; the command prints `<prog>: error: <message>` and exits 2.
 - The expected failures of a file system and of damaged files end the same way, one line and exit 2 (`expected`),
   naming the file from the exception where it carries one:
@@ -16,11 +16,11 @@
     and safetensors' failed writes (a full disk) too. The commands name the file where they read it (a UsageError),
     so this is the fallback for a read site that does not;
   - an optional package that is missing (ImportError, but one of troll's own modules).
-- A closed pipe on stdout (`python -m troll.inspect RUN | head`) ends quietly with 141, as a shell reports a command
+- A closed pipe on stdout (`troll inspect RUN | head`) ends quietly with 141, as a shell reports a command
   stopped by SIGPIPE.
 - Ctrl-C (KeyboardInterrupt) prints `<prog>: interrupted` with the command that continues, if there is one, and
   the process then ends by SIGINT after Python's normal shutdown, as an uncaught KeyboardInterrupt ends it: a shell
-  reports 130, and a shell loop over runs (`for s in 1 2 3; do python -m troll.train ...; done`) stops too, which
+  reports 130, and a shell loop over runs (`for s in 1 2 3; do troll train ...; done`) stops too, which
   it does not after a plain exit 130 (bash takes that as a Ctrl-C the command handled). Always so, not only when
   CPython decides it: a KeyboardInterrupt that passes through Python source an extension runs (PyRun_String, as
   pybind11's `py::exec` does) makes CPython end a `python -m` run by SIGINT even after a SystemExit(130).
@@ -56,7 +56,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-INTERRUPTED = 130  # the shell's exit status for a process stopped by SIGINT (troll.check's child exits with it)
+INTERRUPTED = 130  # the shell's exit status for a process stopped by SIGINT (troll.tools.check's child exits with it)
 BROKEN_PIPE = 141  # the shell's for one stopped by SIGPIPE: its output's reader closed the pipe (`| head`)
 
 
@@ -73,7 +73,7 @@ def fail(prog: str, message: str) -> NoReturn:
 def run_command(prog: str, main: Callable[[], Any], resume: str | None = None) -> NoReturn:
     """Run a command's `main`; a UsageError, an expected failure (`expected`) and Ctrl-C end it with one line, a bug
     with its traceback and a line saying so (module docstring). An int that `main` returns is the exit status
-    (troll.check's 1 for a failed check); anything else exits 0."""
+    (troll.tools.check's 1 for a failed check); anything else exits 0."""
     bars_on_a_terminal_only()
     try:
         with remembered_interrupts() as interrupts:
@@ -143,7 +143,7 @@ def bars_on_a_terminal_only() -> None:
     and TQDM_DISABLE when first imported: transformers and huggingface_hub imported already have their bars turned
     off through their own switch, and a plain tqdm imported already keeps its default, so a command that imports
     one at its own import calls this first (troll.train) and a bar drawn through it passes disable=None (troll's
-    own, troll.packaged's GGUF conversion). HF_HUB_DISABLE_PROGRESS_BARS set other than 1 is the user's choice of
+    own, troll.models.packaged's GGUF conversion). HF_HUB_DISABLE_PROGRESS_BARS set other than 1 is the user's choice of
     bars: nothing is changed."""
     if sys.stderr.isatty():
         return

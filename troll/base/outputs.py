@@ -1,6 +1,6 @@
 """Where a command writes: only over files it can tell it wrote, never through a symbolic link (docs/misuse.md, "Only
-its own files"). troll.evaluate, troll.inspect, the studies and the benchmarks write through this module; troll.train
-and troll.plot keep the same rule in troll.harness and troll.plot.
+its own files"). troll.tools.evaluate, troll.tools.inspect, the studies and the benchmarks write through this module;
+troll.train and troll.tools.plot keep the same rule in troll.run.harness and troll.tools.plot.
 
 Every file a command writes is a `Target`: its path, and how the command tells that a file already there is its
 own. Before anything is written the command checks all of them (`check`), and one of them is refused in one line
@@ -20,13 +20,13 @@ refused: a link never replaces anything).
 
 How a command tells its own file, the simplest way each file type allows:
 
-- a PNG figure carries the PNG text entry Software=<command> (`figure`), as troll.plot's figures do;
+- a PNG figure carries the PNG text entry Software=<command> (`figure`), as troll.tools.plot's figures do;
 - a JSON object carries "written_by": <command> at its top level (`json_file`);
 - a text log starts with a header line naming the command (`log_file`);
-- other files (troll.evaluate's predictions.jsonl, summary.json) lie in a folder holding the command's marker,
+- other files (troll.tools.evaluate's predictions.jsonl, summary.json) lie in a folder holding the command's marker,
   `.<command>` (`.troll-evaluate`), which lists the names the command writes there and is written before any of
   them (`Marked`): a file of such a name is the command's own where the marker lists it;
-- a single file the user names as the output (`troll.inspect --out page.html`, a benchmark's `--json`) is the
+- a single file the user names as the output (`troll inspect --out page.html`, a benchmark's `--json`) is the
   user's choice, and a regular file there is replaced, as every tool's `-o` replaces it (`named`).
 
 A run folder (troll.train) is marked `.troll-run` (`RUN_MARKER`) when the run claims it; `run_marker` reads that
@@ -48,10 +48,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from troll.cli import UsageError
+from troll.base.cli import UsageError
 
 RUN_MARKER, RUN_MARKER_KIND = ".troll-run", "troll run"  # a run writes it first when it claims its folder
-RUN_FOLDERS = ("made", "empty", "adopted")  # how the run came to own it (troll.harness)
+RUN_FOLDERS = ("made", "empty", "adopted")  # how the run came to own it (troll.run.harness)
 
 
 def run_marker(out: Path) -> str | None:

@@ -24,10 +24,10 @@ and per sample what re-checks its reward, and its figures:
     index           its index in the batch
     adv, reward     its advantage and reward
     prompt          the prompt, whole (its last TEXT_CHARS characters per prompt token, --max_prompt_len, at most)
-    train_row       the index of its problem in the task's training split (troll.task.Task.train)
+    train_row       the index of its problem in the task's training split (troll.tasks.task.Task.train)
     gold            the gold answer its reward was scored against (at most GOLD_CHARS characters: every task's is
                     shorter)
-    completion      the completion's text as the reward scored it (troll.task.decode: special tokens removed; at
+    completion      the completion's text as the reward scored it (troll.tasks.task.decode: special tokens removed; at
                     most TEXT_CHARS characters per token, --max_new_tokens), so task.reward(completion, gold) is
                     its reward
 
@@ -47,14 +47,14 @@ under no_grad. The loss's value and gradient are untouched (the run is the same 
 `Recorder.watch` reads p(y) before the update and `Recorder.after` after it, one sample at a time (no [T, V] tensor
 with the chunked head).
 
-The file's schema is declared once, in troll.schema's terms (ROW, SAMPLE: each field's kind, whether null is
+The file's schema is declared once, in troll.base.schema's terms (ROW, SAMPLE: each field's kind, whether null is
 allowed, its range, per token or not, the versions of the file that have it: version 1 stored the ratios themselves
 at 4 digits and no p_before; version 2 the prompt's last 160 characters, no train_row, gold or completion). A step
 or a sample's index is at most 2**53 - 1 (MAX_INTEGER): the page's numbers (JavaScript's) tell every such integer
 apart. `read`, the reader, checks every row against it and returns it in the newest version's fields (`upgraded`): a
 missing, empty or damaged file, or a row whose field is missing, unknown or not as declared, is one UsageError
 naming the file, the line and the field, with the way forward; never a traceback. `Records` reads a long run's file
-as troll.inspect needs it: every row's step from the head of its line, and whole (checked, upgraded) only the rows
+as troll.tools.inspect needs it: every row's step from the head of its line, and whole (checked, upgraded) only the rows
 asked for, so a page of 40 steps out of 30,000 reads 40 rows whole. torch is imported where the recorder runs, so
 the reader loads without it.
 """
@@ -68,9 +68,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from troll.checkpoint import json_object
-from troll.cli import UsageError
-from troll.schema import Spec, fields_problem, first_problem, shown
+from troll.base.checkpoint import json_object
+from troll.base.cli import UsageError
+from troll.base.schema import Spec, fields_problem, first_problem, shown
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -228,7 +228,7 @@ class Recorder:
             n = next(count)
             rows = calls[n].tolist() if n < len(calls) else []
             if len(rows) != tokens.shape[0]:
-                raise RuntimeError("troll.records: the loss's calls no longer follow troll.train.update's order")
+                raise RuntimeError("troll.run.records: the loss's calls no longer follow troll.train.update's order")
             for j, i in enumerate(rows):
                 if i in self.picked:
                     self.samples[i] = self._record(logits, tokens, mask, adv, old, j, i, batch)
@@ -254,7 +254,7 @@ class Recorder:
 
         cfg, T = self.cfg, tokens.shape[1]
         if not torch.equal(tokens[j].cpu(), batch.ro.completion_ids[i]):
-            raise RuntimeError("troll.records: the loss's calls no longer follow troll.train.update's order")
+            raise RuntimeError("troll.run.records: the loss's calls no longer follow troll.train.update's order")
         real = mask[j].bool()
         n = int(real.sum())
         one = replace(logits, hidden=logits.hidden[j]) if isinstance(logits, LMHead) else logits[j]
@@ -286,7 +286,7 @@ class Recorder:
         """Sample `i`'s prompt (whole), its problem's row in task.train, the gold and the completion as the reward
         scored it: what re-checks its reward. A completion cut at max_new_tokens fills its row (T = max_new_tokens)
         whether or not the loss masks it (--mask_overlong); a finished one is its real tokens."""
-        from troll.task import decode
+        from troll.tasks.task import decode
 
         cfg, rows, golds, ro = self.cfg, batch.train_rows, batch.golds, batch.ro  # None: a batch pickled before
         ids = ro.completion_ids[i] if not ro.finished[i] else ro.completion_ids[i][ro.completion_mask[i]]

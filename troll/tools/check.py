@@ -1,12 +1,12 @@
 """The acceptance check: one command that runs a GSM8K preset's path end to end on this machine and reports what held.
 
-    python -m troll.check                                  # GPU: the preset's model and batch, a few steps
-    python -m troll.check --shape real --prompts 2 --samples 2 --max_new_tokens 32   # CPU: the real shape, small batch
-    python -m troll.check --shape tiny                     # minutes on CPU: the same path with a tiny Qwen2
+    troll check                                  # GPU: the preset's model and batch, a few steps
+    troll check --shape real --prompts 2 --samples 2 --max_new_tokens 32   # CPU: the real shape, small batch
+    troll check --shape tiny                     # minutes on CPU: the same path with a tiny Qwen2
 
 What it runs, into `--out` (default runs/check-<UTC time>):
     environment   torch, CUDA and the GPU's name and memory, transformers, vLLM, TRL, troll, CPUs
-    model         the preset's model when it can be loaded (hub or cache), else a stand-in (troll.standin): the
+    model         the preset's model when it can be loaded (hub or cache), else a stand-in (troll.models.standin): the
                   same architecture with random weights and a local tokenizer padded to the real tokenizer's size,
                   so every tensor has its real size (--shape tiny: the Qwen2 architecture at 2 layers)
     data          --data, else the preset's GSM8K source, else the 300-row sample committed in tests/data/gsm8k
@@ -14,7 +14,7 @@ What it runs, into `--out` (default runs/check-<UTC time>):
                   bf16 on a GPU; float32 on CPU), --steps RL steps, an evaluation before and after, checkpoints
     updates       TROLL's and PPO-clip's update (`troll.train.update`) on the run's last batch, after one warm-up
                   update interleaved (troll, clip, clip, troll, ...), on the trained model at learning rate 0
-    resume        `python -m troll.train --out <run> --resume true --steps <steps + 1>` in a new process
+    resume        `troll train --out <run> --resume true --steps <steps + 1>` in a new process
 
 Checks, each "passed", "FAILED" or "not applicable (why)":
     run           the run finished: steps, evaluations, checkpoints, summary.json
@@ -27,7 +27,7 @@ Checks, each "passed", "FAILED" or "not applicable (why)":
     finite loss   every loss and gradient norm of the run and the resume is finite (under bf16 autocast where
                   the run uses it), no step skipped
     chunked head  every loss call got the chunked output layer (troll.head.LMHead), as logits_chunk asks
-    memory        each step's measured peak against troll.memory's prediction for the same micro-batch, the
+    memory        each step's measured peak against troll.models.memory's prediction for the same micro-batch, the
                   ratio; passes at <= 1.10 (the model is meant as an upper bound). GPU: torch's peak allocation from
                   the end of the rollout to the push (the engine asleep), against memory.peak_bytes - RUNTIME.
                   CPU: the process's peak resident memory (VmHWM, reset after the rollout) over what was resident
@@ -36,10 +36,10 @@ Checks, each "passed", "FAILED" or "not applicable (why)":
                   the Python runtime and the weights are resident throughout and cancel.
     resume        the resumed process continued from the checkpoint and wrote step steps + 1
 Measured, not checked (times are this machine's): seconds per phase, and TROLL's update time over PPO-clip's, this
-repository's and the textbook one's (whole logits, one log-softmax: troll.watch.textbook_clip), with TROLL's through
-the compiled output layer (--compile_head) beside it, and each one's peak memory on CUDA.
+repository's and the textbook one's (whole logits, one log-softmax: troll.tools.watch.textbook_clip), with TROLL's
+through the compiled output layer (--compile_head) beside it, and each one's peak memory on CUDA.
 
-The run is watched with troll/watch.py (a Generator and a loss wrapped around the run's own, and what needs its
+The run is watched with troll/tools/watch.py (a Generator and a loss wrapped around the run's own, and what needs its
 live objects after it); this module draws the checks from what that recorded, one function a check.
 
 The report goes to <out>/report.json and <out>/report.md; the table is printed. Exit status 0 when every check
@@ -55,8 +55,8 @@ import sys
 import time
 from pathlib import Path
 
-from troll.cli import Parser, UsageError
-from troll.config import PRESETS, int_at_least
+from troll.base.cli import Parser, UsageError
+from troll.base.config import PRESETS, int_at_least
 
 if __name__ == "__main__":  # flags are checked before torch is imported
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -64,11 +64,11 @@ if __name__ == "__main__":  # flags are checked before torch is imported
 GSM8K_PRESETS = tuple(name for name in PRESETS if name.startswith("gsm8k-"))  # full fine-tuning and LoRA
 CPU_BATCH = dict(prompts=2, samples=2, max_new_tokens=32, eval_size=4)  # defaults on CPU; a GPU takes the preset's
 MEMORY_TOLERANCE = 1.10  # measured / predicted peak above this fails the memory check
-SAMPLE_DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "gsm8k"
+SAMPLE_DATA = Path(__file__).resolve().parents[2] / "tests" / "data" / "gsm8k"
 
 
 def parser() -> argparse.ArgumentParser:
-    p = Parser(prog="python -m troll.check", description=__doc__.splitlines()[0])
+    p = Parser(prog="troll check", description=__doc__.splitlines()[0])
     p.add_argument("--preset", default=GSM8K_PRESETS[0], choices=GSM8K_PRESETS, help="the recipe checked")
     p.add_argument("--shape", default="real", choices=("real", "tiny"), help="the preset's model shape, or tiny")
     p.add_argument("--model", default="auto", help="auto (the preset's model if loadable, else a stand-in), standin, "
@@ -84,7 +84,7 @@ def parser() -> argparse.ArgumentParser:
         ("max_new_tokens", "response length limit"),
         ("eval_size", "held-out problems evaluated"),
     ):
-        low = 2 if name == "samples" else 1  # a group of one has advantage 0 (troll.config)
+        low = 2 if name == "samples" else 1  # a group of one has advantage 0 (troll.base.config)
         p.add_argument(f"--{name}", type=int_at_least(low), help=f"{what} (default: the preset's on a GPU, "
                        f"{CPU_BATCH[name]} on CPU)")  # fmt: skip
     p.add_argument("--repeats", type=int_at_least(1), default=1, help="timed rounds of the three updates")
@@ -109,7 +109,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     if args.data is not None and not all((Path(args.data) / f"{s}.jsonl").is_file() for s in ("train", "test")):
         p.error(f"--data {args.data}: expected a folder holding train.jsonl and test.jsonl")
     if args.model not in ("auto", "standin"):
-        from troll.evaluate import resolve_model
+        from troll.models.sources import resolve_model
 
         try:
             resolve_model(args.model)
@@ -139,10 +139,10 @@ from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 
-from troll import memory  # noqa: E402
-from troll.cli import INTERRUPTED, run_command  # noqa: E402
-from troll.config import Config  # noqa: E402
-from troll.watch import measure, write_json  # noqa: E402
+from troll.base.cli import INTERRUPTED, run_command  # noqa: E402
+from troll.base.config import Config  # noqa: E402
+from troll.models import memory  # noqa: E402
+from troll.tools.watch import measure, write_json  # noqa: E402
 
 PASSED, FAILED, MEASURED = "passed", "FAILED", "measured"
 
@@ -182,8 +182,8 @@ def environment() -> dict[str, Any]:
 
 def pick_data(args: argparse.Namespace, preset: dict) -> tuple[str, str]:
     """(GSM8K source, how it was chosen): --data, the preset's source if it can be read, or the committed sample."""
-    from troll.gsm8k import load_gsm8k
-    from troll.harness import RunError, check_sources
+    from troll.run.harness import RunError, check_sources
+    from troll.tasks.gsm8k import load_gsm8k
 
     if args.data:
         return args.data, "--data"
@@ -194,15 +194,16 @@ def pick_data(args: argparse.Namespace, preset: dict) -> tuple[str, str]:
         return source, "the preset's source"
     except (RunError, OSError, ValueError, ImportError) as e:
         if not SAMPLE_DATA.is_dir():
-            raise SystemExit(f"troll.check: error: GSM8K cannot be read ({e}): pass --data FOLDER") from None
+            raise SystemExit(f"troll check: error: GSM8K cannot be read ({e}): pass --data FOLDER") from None
         return str(SAMPLE_DATA), f"the committed 300-row sample ({source}: {e})"
 
 
 def pick_model(args: argparse.Namespace, preset: dict, data: str, out: Path) -> tuple[str, str, str | None]:
-    """(model folder or hub name, how it was chosen, the architecture name in troll.standin / troll.memory)."""
-    from troll.evaluate import resolve_model
-    from troll.gsm8k import load_gsm8k
-    from troll.standin import save_standin
+    """(model folder or hub name, how it was chosen, the architecture name in troll.models.standin /
+    troll.models.memory)."""
+    from troll.models.sources import resolve_model
+    from troll.models.standin import save_standin
+    from troll.tasks.gsm8k import load_gsm8k
 
     arch = "tiny" if args.shape == "tiny" else memory.HUB_NAMES.get(preset["model"])
     if args.model not in ("auto", "standin"):
@@ -245,17 +246,18 @@ def run_config(args: argparse.Namespace, model: str, data: str, device: str, bac
             seed=args.seed,
             out=str(Path(args.out) / "run"),
         )
-    except ValueError as e:  # a count past a 64-bit integer, say: troll.config names it
+    except ValueError as e:  # a count past a 64-bit integer, say: troll.base.config names it
         raise UsageError(f"{e}: pass a smaller value") from None
 
 
 def check_counts_first(args: argparse.Namespace) -> None:
-    """The run's settings (troll.config's checks), and what --prompts, --samples and --max_new_tokens imply for the
-    model the check will run, checked before anything is written (troll.start.check_counts), where its shape is known
-    from its name: the preset's model or its stand-in (troll.standin's shapes); a --model folder or --shape tiny is
+    """The run's settings (troll.base.config's checks), and what --prompts, --samples and --max_new_tokens imply for the
+    model the check will run, checked before anything is written (troll.run.start.check_counts), where its shape is
+    known from its name: the preset's model or its stand-in (troll.models.standin's shapes); a --model folder or --shape
+    tiny is
     checked when the run loads it."""
-    from troll.standin import ARCHS, model_config
-    from troll.start import check_counts
+    from troll.models.standin import ARCHS, model_config
+    from troll.run.start import check_counts
 
     cfg = run_config(args, PRESETS[args.preset]["model"], Config.data, *where(args))  # its values; data not read
     arch = memory.HUB_NAMES.get(PRESETS[args.preset]["model"]) if args.model in ("auto", "standin") else None
@@ -277,7 +279,7 @@ def where(args: argparse.Namespace) -> tuple[str, str]:
 
 def prepare(args: argparse.Namespace, out: Path) -> tuple[Config, str | None, str, str]:
     """(the run's config, its architecture name, how the model and the data were chosen); the config and
-    --repeats go to <out>/check.json, which troll.watch.measure reads."""
+    --repeats go to <out>/check.json, which troll.tools.watch.measure reads."""
     device, backend = where(args)
     preset = PRESETS[args.preset]
     data, data_note = pick_data(args, preset)
@@ -291,21 +293,21 @@ def prepare(args: argparse.Namespace, out: Path) -> tuple[Config, str | None, st
 
 
 def run_watched(out: Path, isolate: bool) -> dict:
-    """troll.watch.measure's figures for <out>/check.json: in a child process (`--measure`) when `isolate`, whose
+    """troll.tools.watch.measure's figures for <out>/check.json: in a child process (`--measure`) when `isolate`, whose
     memory is returned before the resume starts (in-process, vLLM keeps the trainer's model and optimiser alive
     after the run), else in this process (tests)."""
     if not isolate:
         return measure(out)
-    cmd = [sys.executable, "-m", "troll.check", "--measure", str(out)]
+    cmd = [sys.executable, "-m", "troll", "check", "--measure", str(out)]
     subprocess.run(cmd, env=dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(1 << 20)))
     path = out / "measure.json"
     return json.loads(path.read_text()) if path.is_file() else {"error": "the run's process died", "times": {}}
 
 
 def resume(cfg: Config, out: Path) -> tuple[bool, str, float]:
-    """`python -m troll.train --resume true` one step past the run, in a new process: (ok, last line, seconds)."""
+    """`troll train --resume true` one step past the run, in a new process: (ok, last line, seconds)."""
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(1 << 20))
-    cmd = [sys.executable, "-m", "troll.train", "--out", cfg.out, "--resume", "true", "--steps", str(cfg.steps + 1)]
+    cmd = [sys.executable, "-m", "troll", "train", "--out", cfg.out, "--resume", "true", "--steps", str(cfg.steps + 1)]
     t0 = time.perf_counter()
     with open(out / "resume.log", "w") as log:
         res = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -323,7 +325,7 @@ def line(name: str, status: str, detail: str = "") -> dict[str, str]:
 
 def step_rows(run: Path) -> list[dict]:
     """The RL steps' rows of <run>/metrics.jsonl (no evaluation rows); none before the file exists."""
-    from troll.checkpoint import read_jsonl
+    from troll.base.checkpoint import read_jsonl
 
     path = run / "metrics.jsonl"
     return [r for r in read_jsonl(path) if "eval_acc" not in r] if path.is_file() else []
@@ -392,13 +394,13 @@ def check_chunked_head(cfg: Config, m: dict) -> dict[str, str]:
 
 
 def memory_check(cfg: Config, arch: str | None, windows: list[dict], device: str, params: int) -> tuple[str, str, dict]:
-    """Each update window's measured peak against troll.memory's prediction (module docstring)."""
+    """Each update window's measured peak against troll.models.memory's prediction (module docstring)."""
     cuda = device == "cuda"
     if not windows:
         return FAILED, "no update window was measured", {}
     known = memory.LORA if cfg.lora_rank else memory.MEASURED
     if arch not in known:
-        return na(f"troll.memory has no measured coefficients for this model ({arch or cfg.model})"), "", {}
+        return na(f"troll.models.memory has no measured coefficients for this model ({arch or cfg.model})"), "", {}
     rows, ratios = [], []
     for step, w in enumerate(windows, start=1):
         tokens, share = w["tokens"]
@@ -441,7 +443,8 @@ def check_resume(cfg: Config, rows: list[dict], resumed: tuple[bool, str, float]
 
 
 def check_update_time(u: dict | None) -> dict[str, str]:
-    """TROLL's update time over PPO-clip's (this repository's, and the textbook clip's: troll.watch.compare_updates)
+    """TROLL's update time over PPO-clip's (this repository's, and the textbook clip's:
+    troll.tools.watch.compare_updates)
     on the same batch, with each one's peak memory on CUDA (measured, not checked)."""
     if not u:
         return line("TROLL / clip update time", MEASURED, "not run")
@@ -480,7 +483,7 @@ def write_report(out: Path, report: dict) -> str:
     lines += ["", "| phase | seconds |", "| --- | --- |"]
     lines += [f"| {k} | {v:.1f} |" for k, v in report["times_s"].items()]
     env = ", ".join(f"{k} {v}" for k, v in report["environment"].items())
-    md = "\n".join([f"# troll.check: {report['verdict']}", "", env, "", *lines, ""])
+    md = "\n".join([f"# troll check: {report['verdict']}", "", env, "", *lines, ""])
     (out / "report.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
     (out / "report.md").write_text(md)
     return md
@@ -517,14 +520,14 @@ def main(argv: list[str] | None = None, args: argparse.Namespace | None = None, 
     ]
     times |= step_times(rows) | {"evaluations (run)": m.get("times_greedy", 0.0)}
     times["total"] = time.perf_counter() - t_start
-    report = {"command": "python -m troll.check " + " ".join(argv or sys.argv[1:]), "environment": env,
+    report = {"command": "troll check " + " ".join(argv or sys.argv[1:]), "environment": env,
               "model": model_note, "data": data_note, "config": dataclasses.asdict(cfg), "params": m.get("params", 0),
               "memory": mem_data, "update_time": m.get("update_time"), "checks": checks, "times_s": times,
               "verdict": verdict(checks), "peak_rss_gib": m.get("peak_rss_gib")}  # fmt: skip
     print(write_report(out, report))
     failed = [c for c in checks if c["status"] == FAILED]
     if failed:
-        print(f"troll.check: FAILED {', '.join(c['name'] for c in failed)}: {failed[0]['detail']} (report: "
+        print(f"troll check: FAILED {', '.join(c['name'] for c in failed)}: {failed[0]['detail']} (report: "
               f"{out / 'report.md'})", file=sys.stderr)  # fmt: skip
         return 1
     return 0
@@ -547,4 +550,4 @@ if __name__ == "__main__":
         except KeyboardInterrupt:
             sys.exit(INTERRUPTED)
         sys.exit(0)
-    run_command("python -m troll.check", lambda: main(sys.argv[1:], CLI_ARGS))  # Ctrl-C: one line, then SIGINT
+    run_command("troll check", lambda: main(sys.argv[1:], CLI_ARGS))  # Ctrl-C: one line, then SIGINT

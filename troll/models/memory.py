@@ -71,7 +71,7 @@ level 1 (its weights to CPU memory, its KV cache freed) until the next push, so 
                 (2 x L x kv_heads x head_dim x 2 B)
     update      the trainer's peak + VLLM_ASLEEP (1 GiB; assumed) <= (1 - margin) x GPU; vLLM awake (no sleep):
                 the trainer's peak <= (1 - margin) x (1 - fraction) x GPU, micro_batch_tokens' rule
-`vllm_fractions` gives the range of fractions that hold the first two; `fits_table` (python -m troll.memory) the
+`vllm_fractions` gives the range of fractions that hold the first two; `fits_table` (troll memory) the
 table of docs/results.md#what-fits-where. The generation phase assumes the trainer's allocator returned the
 update's cached blocks before the engine wakes (torch.cuda.empty_cache). `micro_batch_tokens` (full fine-tuning,
 vLLM awake) is unchanged.
@@ -207,8 +207,8 @@ LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 
 
 def arch(model: str) -> dict:
-    """The architecture (troll.standin.ARCHS) of a short name or hub name (`HUB_NAMES`)."""
-    from troll.standin import ARCHS
+    """The architecture (troll.models.standin.ARCHS) of a short name or hub name (`HUB_NAMES`)."""
+    from troll.models.standin import ARCHS
 
     name = HUB_NAMES.get(model, model).lower()
     if name not in ARCHS:
@@ -348,7 +348,7 @@ def lora_peak_bytes(
 def lora_cpu_excess(
     model: str, tokens: int, completion_rows: int, rank: int = 32, first_step: bool = True, anchor_rows: int = 0
 ) -> float:
-    """What `python -m troll.check` on CPU (float32, no autocast, chunked head of CHUNK rows, checkpointing on)
+    """What `troll check` on CPU (float32, no autocast, chunked head of CHUNK rows, checkpointing on)
     measures of a LoRA step's update window (the end of a rollout to the push): its peak resident memory over what
     was resident when the window opened. The base, the adapters and, after step 1, their gradients (left by the
     previous step's last backward) and AdamW states are resident then and cancel. What is left is the larger of
@@ -524,5 +524,8 @@ def fits_table(models: tuple[str, ...] = PAPER_MODELS, gpus: tuple[float, ...] =
     return "\n".join(lines)
 
 
-if __name__ == "__main__":
-    print(fits_table())
+if __name__ == "__main__":  # troll memory: the table; it takes no flags
+    from troll.base.cli import Parser, run_command
+
+    Parser(prog="troll memory", description=__doc__.splitlines()[0]).parse_args()
+    run_command("troll memory", lambda: print(fits_table()))

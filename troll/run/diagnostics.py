@@ -42,7 +42,7 @@ from troll.head import LMHead
 from troll.policy import rollout_logits
 from troll.rollout import Batch, Rollouts
 from troll.sparse import SparseDist
-from troll.task import Task, decode_rollouts
+from troll.tasks.task import Task, decode_rollouts
 
 
 class StepTimer:
@@ -125,7 +125,7 @@ def dense_kl(lp: Tensor, lq: Tensor) -> Tensor:
 
 
 class UpdateKL:
-    """The exact KL of one RL step's update (module docstring). `cfg` is the run's troll.config.Config."""
+    """The exact KL of one RL step's update (module docstring). `cfg` is the run's troll.base.config.Config."""
 
     def __init__(self, cfg: Any, vocab_size: int) -> None:
         self.cfg, self.vocab_size = cfg, vocab_size

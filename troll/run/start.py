@@ -1,12 +1,12 @@
 """A run up to its first RL step (troll.train's `start`): everything the loop needs, checked before anything is written.
 
-    model, tokenizer, task, generator, opt, sched = start(run)     # run: troll.harness.Run, opened on cfg.out
+    model, tokenizer, task, generator, opt, sched = start(run)     # run: troll.run.harness.Run, opened on cfg.out
 
 In order: what a count implies for the model (`check_size`: the tiny model --vocab_size makes fits in memory); the
 model (or the checkpoint a resumed run continues from) and the task's data; every check that needs them
 (`check_start`: the tokenizer fits the output layer, --kl_update_vocab can act, a new LoRA run's targets match
-layers and its rank is one they have); only then the run folder claimed (troll.harness), and for a new run the
-supervised warm-start (troll.warmstart), the frozen base kept once (LoRA) and the adapters added (troll.lora); the
+layers and its rank is one they have); only then the run folder claimed (troll.run.harness), and for a new run the
+supervised warm-start (troll.run.warmstart), the frozen base kept once (LoRA) and the adapters added (troll.lora); the
 optimiser (`make_optimizer`: AdamW over the trained weights, linear warmup, then constant or cosine to 0 over all
 optimiser steps); the rollout engine (`make_generator`: the training model itself, or a vLLM engine that loads the
 base from disk once and then follows every update in place); last, the step-0 evaluation and checkpoint of a new
@@ -23,16 +23,16 @@ from typing import Any
 
 import torch
 
-from troll.checkpoint import save_base
-from troll.cli import free_memory, gib
-from troll.config import Config
-from troll.harness import Run, RunError, starting
+from troll.base.checkpoint import save_base
+from troll.base.cli import free_memory, gib
+from troll.base.config import Config
 from troll.lora import base_source, base_weights, check_targets, is_adapter_checkpoint, owns_base, unwrap
+from troll.models.build import adapt, build_model
 from troll.padding import check_vocab
-from troll.policy import adapt, build_model
 from troll.rollout import Generator, HFGenerator
-from troll.task import evaluate, load_task
-from troll.warmstart import warm_start_task
+from troll.run.harness import Run, RunError, starting
+from troll.run.warmstart import warm_start_task
+from troll.tasks.task import evaluate, load_task
 
 TINY_TOKEN_BYTES = 6 << 10  # a --vocab_size token of the tiny model's run: its rows of the input and output layers
 # (float32, trained: gradients and AdamW's moments), its tokenizer entry, its share of a step (5.4 KiB measured: the
@@ -49,7 +49,7 @@ def make_generator(cfg: Config, model: Any, tokenizer: Any, out: Path) -> Genera
     if cfg.backend == "hf":  # rollout_dtype bfloat16: a bf16 copy samples, refreshed by every push
         dtype = torch.bfloat16 if cfg.rollout_dtype == "bfloat16" else None
         return HFGenerator(model, tokenizer, dtype=dtype, share_prompt=cfg.share_prompt)
-    from troll.vllm_engine import VLLMGenerator
+    from troll.models.vllm_engine import VLLMGenerator
 
     auto_dtype = "bfloat16" if model.device.type == "cuda" else "float32"  # vLLM's usual dtype; CPU: the trainer's
     init = out / "engine-init"  # the engine loads the base once from disk; every update is pushed in place
@@ -84,7 +84,7 @@ def make_optimizer(cfg: Config, model: Any) -> tuple[torch.optim.Optimizer, torc
 
 def check_size(cfg: Config) -> None:
     """What --vocab_size implies, checked before the model is built: its tokens, TINY_TOKEN_BYTES each, fit in the
-    memory free (troll.cli.free_memory). A RunError names it."""
+    memory free (troll.base.cli.free_memory). A RunError names it."""
     size = cfg.vocab_size * TINY_TOKEN_BYTES
     free = free_memory()
     if free is not None and size > free:
@@ -97,7 +97,7 @@ def check_size(cfg: Config) -> None:
 def check_step(cfg: Config, model: Any) -> None:
     """What a step's counts imply for the model, checked before anything is written or sampled: --max_new_tokens
     leaves room for a prompt within the model's positions, and the scores a step's sampling keeps fit in the memory
-    free (troll.cli.free_memory): --prompts_per_step x --samples_per_prompt completions of --max_new_tokens tokens,
+    free (troll.base.cli.free_memory): --prompts_per_step x --samples_per_prompt completions of --max_new_tokens tokens,
     each token SCORE_BYTES per output row on the hf sampler (which keeps every step's scores) or per kept log-prob
     (--k + 1) on vLLM; and so do the 1 + --staleness batches sampled before the first update, KEPT_TOKEN_BYTES and
     TOP_BYTES x (--k + 1) a token, and a step's --epochs shuffles of its samples, each cut into --minibatches
@@ -181,7 +181,7 @@ def check_start(cfg: Config, model: Any, tokenizer: Any, fresh: bool) -> None:
 
 def start(run: Run, wrap_generator: Callable[[Generator], Generator] | None = None) -> tuple[Any, ...]:
     """The run up to its first step: the model and the data, every check that needs them (nothing is written until
-    they pass), then the run folder claimed (troll.harness), the warm-start and LoRA adapters (a new run), the
+    they pass), then the run folder claimed (troll.run.harness), the warm-start and LoRA adapters (a new run), the
     optimiser, the rollout engine, and the step-0 evaluation and checkpoint (new) or the restored state (resumed).
     Returns (model, tokenizer, task, generator, opt, sched)."""
     cfg = run.cfg

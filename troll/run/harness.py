@@ -9,7 +9,7 @@
             run.record(step, row, evaluation, model, tokenizer, opt, sched)  # log, evaluation, checkpoint if due
         summary = run.finish(eval_problems)
 
-Files (troll.checkpoint writes them crash-safe): config.json (the config in force), metrics.jsonl (one row per RL
+Files (troll.base.checkpoint writes them crash-safe): config.json (the config in force), metrics.jsonl (one row per RL
 step, one row {"step", "eval_acc"} per evaluation, the first at step 0), samples.jsonl (a few completions per
 evaluation), checkpoints/ (the last two, each with the run's state), summary.json (eval_before, eval_after = the
 last evaluation, eval_best and its step, the warm-start's record, resume changes, wall clock over all sessions),
@@ -20,8 +20,8 @@ Rules:
   already a run's: `.lock` is the one file it may add), troll.train checks the model and the data, then `claim`
   makes `out` (or claims an empty one) and writes the marker, then config.json (on resume, one missing or damaged is
   written again from the checkpoint's settings, a damaged one kept as config.json.damaged: Config.resumed, which
-  reads them at parse time, writes nothing, and reads a checkpoint only in a folder troll.outputs.run_marker reads as
-  a run's).
+  reads them at parse time, writes nothing, and reads a checkpoint only in a folder troll.base.outputs.run_marker reads
+  as a run's).
   Exceptions raised by third-party code (transformers, peft, tokenizers, safetensors) while the run starts become
   a RunError naming the package (`starting`); a bug in troll keeps its traceback.
 - A run writes only in a folder that is its own, told by what troll wrote there, never by file names alone: a new
@@ -43,10 +43,10 @@ Rules:
   Metrics and samples rows past it are dropped (the resumed run writes them again), and one line says so: the
   checkpoint, its step, and how many steps done after it before the stop are computed again (`restore`). A finished
   run (checkpoint at `steps`, summary.json written) is left untouched, but for a missing or damaged config.json,
-  written again. The settings in `troll.config.RESUME_CHANGEABLE` may differ on resume: they take effect from that
+  written again. The settings in `troll.base.config.RESUME_CHANGEABLE` may differ on resume: they take effect from that
   step (the learning rate given is the one used) and are recorded in summary.json's `changes`; any other
   difference is refused, naming the fields. State saved by an older troll without every key this one writes is
-  refused, as troll.config refuses such a config.json.
+  refused, as troll.base.config refuses such a config.json.
 - `RunError` is a problem with the run directory that the user fixes; the command line prints it on one line.
 - `claim_folder` marks a run's folder ahead of the run, for a caller that keeps its own files in it
   (study.runner's log.txt): the folder is then the run's, and its other files stay.
@@ -73,8 +73,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from troll import memory
-from troll.checkpoint import (
+from troll.base.checkpoint import (
     append_jsonl,
     check_checkpoint,
     complete_checkpoints,
@@ -84,18 +83,19 @@ from troll.checkpoint import (
     truncate_jsonl,
     write_json,
 )
-from troll.cli import UsageError
-from troll.config import RESUME_CHANGEABLE, Config, settings, with_added
-from troll.metrics import Logger, logger_missing
-from troll.outputs import RUN_FOLDERS, RUN_MARKER, RUN_MARKER_KIND
-from troll.runfiles import summary_problem
+from troll.base.cli import UsageError
+from troll.base.config import RESUME_CHANGEABLE, Config, settings, with_added
+from troll.base.metrics import Logger, logger_missing
+from troll.base.outputs import RUN_FOLDERS, RUN_MARKER, RUN_MARKER_KIND
+from troll.models import memory
+from troll.run.runfiles import summary_problem
 
 RUN_FILES = ("config.json", "metrics.jsonl", "samples.jsonl", "tokens.jsonl", "summary.json", "checkpoints", "base")
-# what a start that failed before its first checkpoint may leave besides RUN_FILES (troll.train, troll.checkpoint)
+# what a start that failed before its first checkpoint may leave besides RUN_FILES (troll.train, troll.base.checkpoint)
 START_FILES = (".tmp-base", "engine-init", "tensorboard")
 LOCK = ".lock"  # the run's lock (flock), holding "pid N" of its holder
 LOCK_TEXT = re.compile(rb"pid \d+\n")
-# written first when a run claims its folder: the folder is troll's (troll.outputs, which Config.resumed reads too)
+# written first when a run claims its folder: the folder is troll's (troll.base.outputs, which Config.resumed reads too)
 MARKER, MARKER_KIND = RUN_MARKER, RUN_MARKER_KIND
 # the marker's "folder", how the run came to own it; a failed start is cleaned up only where troll made the folder
 # or found it empty, so that every file there of a name in RUN_FILES or START_FILES is the run's own
@@ -118,9 +118,9 @@ def device_of(cfg: Config) -> torch.device:
 
 
 def auto_micro_batch(cfg: Config, device: torch.device) -> int:
-    """`--micro_batch_tokens auto`: the largest micro-batch troll.memory's fitted model says this GPU holds (beside
-    vLLM's share, with the chunked output layer if `logits_chunk`); on CPU the field's default. A LoRA run is sized
-    by its own model, both phases of a colocated step, vLLM asleep during the update (`memory.phases`)."""
+    """`--micro_batch_tokens auto`: the largest micro-batch troll.models.memory's fitted model says this GPU holds
+    (beside vLLM's share, with the chunked output layer if `logits_chunk`); on CPU the field's default. A LoRA run is
+    sized by its own model, both phases of a colocated step, vLLM asleep during the update (`memory.phases`)."""
     if device.type != "cuda":
         return Config.micro_batch_tokens
     gib = torch.cuda.get_device_properties(device).total_memory / memory.GIB
@@ -145,19 +145,21 @@ def environment_missing(cfg: Config) -> str | None:
 
 def check_sources(cfg: Config) -> None:
     """The model and the data the run reads can be had, checked before any work: a missing path, a run directory
-    given as --model, malformed data or an unreachable hub name is a RunError naming it (troll.evaluate's checks)."""
-    from troll import evaluate, gsm8k
+    given as --model, malformed data or an unreachable hub name is a RunError naming it (troll.models.sources'
+    checks)."""
+    from troll.models import sources
+    from troll.tasks import gsm8k
 
     try:
         if cfg.model != "tiny":
             try:
-                path, note = evaluate.resolve_model(cfg.model)
+                path, note = sources.resolve_model(cfg.model)
             except (OSError, ValueError) as e:  # the flag named: a preset may have set it
                 raise ValueError(f"--model {cfg.model}: {e}") from None
             if note:  # a run directory: training starts from a model folder, not from a run
                 raise ValueError(f"--model {cfg.model} is a run directory: pass one of its checkpoints, e.g. {path}")
         if cfg.task == "gsm8k":
-            evaluate.check_hub_data(cfg.data)
+            sources.check_hub_data(cfg.data)
             if Path(cfg.data).expanduser().exists() or not gsm8k.is_hub_name(cfg.data):
                 test = gsm8k.load_gsm8k("test", cfg.data)  # a local source: read and checked row by row
                 gsm8k.check_held_out(gsm8k.load_gsm8k("train", cfg.data), test, cfg.data)
@@ -212,7 +214,7 @@ class Run:
         self.device = device_of(cfg)
         self.t_start = time.time() - (state or {}).get("wall_clock_s", 0.0)
         self.metrics, self.samples = self.out / "metrics.jsonl", self.out / "samples.jsonl"
-        self.tokens = self.out / "tokens.jsonl"  # per-token records (troll.records)
+        self.tokens = self.out / "tokens.jsonl"  # per-token records (troll.run.records)
         self.logger: Logger | None = None
         self.bar: Any = None
 
@@ -307,7 +309,7 @@ class Run:
 
     @property
     def finished(self) -> bool:
-        """A run at its last step whose summary.json reads as declared (troll.runfiles.SUMMARY; a damaged one is
+        """A run at its last step whose summary.json reads as declared (troll.run.runfiles.SUMMARY; a damaged one is
         written again by `finish`)."""
         if self.state is None or self.state["step"] < self.cfg.steps:
             return False
