@@ -72,7 +72,7 @@ def test_the_sweep_then_each_loss_at_its_best_lr_every_run_from_its_seeds_warm_s
         assert (cfg.task, cfg.chat, cfg.out) == ("words", True, f"runs/x/{run.name}")
     warm = real_warm.warm_config(args, 2)
     assert (warm.model, warm.sft_steps, warm.sft_target, warm.sft_probe, warm.seed) == (
-        "smollm2-135m-instruct", 40, 0.3, 64, 2)  # fmt: skip
+        "smollm2-135m-instruct", 40, 0.15, 64, 2)  # fmt: skip
     tiny = real.config(real.Run("troll", 1e-5, 0), real.parse(["--model", "tiny"]))
     assert (tiny.max_prompt_len, tiny.task, tiny.chat, tiny.max_new_tokens) == (256, "words", True, 24)
 
@@ -165,7 +165,7 @@ def test_the_dry_run_lists_the_later_seeds_at_the_best_lrs_once_the_sweep_is_rec
     args = real.parse(flags)
     rows = [r | {"config": settings(asdict(real.config(real.Run(r["loss"], r["lr"], 0), args)))}
             for r in study_rows([0.5, 0.5], [0.5, 0.5]) if r["seed"] == 0]  # fmt: skip
-    rows = [r | {"steps": 20, "eval_problems": 100, "wall_clock_s": 1300.0} for r in rows]
+    rows = [r | {"steps": 60, "eval_problems": 500, "wall_clock_s": 1300.0} for r in rows]  # the preset's
     write(tmp_path / "r.jsonl", rows)
     assert real.main([*flags, "--dry-run"]) == []
     out = capsys.readouterr().out
@@ -177,7 +177,7 @@ def test_the_dry_run_lists_the_later_seeds_at_the_best_lrs_once_the_sweep_is_rec
     assert "about 93 min one run at a time (4 runs x 21.7 min (50.0 s a step) + 2 warm-starts x 3.3 min" in out
     assert "measured: the mean of 6 finished run(s) of these settings" in out
     assert not (tmp_path / "runs").exists()  # a dry run writes nothing
-    err = refused([*flags, "--steps", "10", "--dry-run"], capsys)  # recorded with the preset's 20 steps
+    err = refused([*flags, "--steps", "10", "--dry-run"], capsys)  # recorded with the preset's 60 steps
     assert "troll_lr5e-06_s0" in err and "other settings (steps): give the flags it was run with" in err
 
 

@@ -60,6 +60,7 @@ import errno
 import fcntl
 import importlib.util
 import json
+import math
 import os
 import re
 import shutil
@@ -442,6 +443,10 @@ class Run:
             f"eval: {summary['eval_before']:.3f} -> {summary['eval_after']:.3f} (best {summary['eval_best']:.3f} at "
             f"step {summary['eval_best_step']}) in {summary['wall_clock_s']} s; {self.out / 'summary.json'}"
         )
+        if eval_problems:
+            low, high = gain_interval(summary["eval_before"], summary["eval_after"], eval_problems)
+            gain = summary["eval_after"] - summary["eval_before"]
+            print(f"gain: {gain:+.3f}, 95% interval [{low:+.3f}, {high:+.3f}] over {eval_problems} problems (unpaired)")
         return summary
 
     # ------------------------------------------------------------------ internals
@@ -462,6 +467,14 @@ class Run:
             "config": settings(dataclasses.asdict(self.cfg)),
         }
         save_checkpoint(self.out, model, tokenizer, opt, sched, state)
+
+
+def gain_interval(before: float, after: float, n: int) -> tuple[float, float]:
+    """The 95% interval of after - before, two accuracies on the same n problems, taken as independent (the normal
+    approximation of two proportions, for the hundreds of problems a run evaluates): wider than a paired interval
+    where the two evaluations agree on problems."""
+    half = 1.959964 * math.sqrt((before * (1 - before) + after * (1 - after)) / n)
+    return after - before - half, after - before + half
 
 
 def read_json_object(path: Path) -> dict:
