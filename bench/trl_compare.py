@@ -111,7 +111,7 @@ LEVERS = {  # a real-model troll side's flags beyond the preset's
 # per --model: the defaults of --prompts --n --max_new --minibatches --lr (the preset's)
 DEFAULTS = {
     "tiny": {"prompts": 32, "n": 8, "max_new": 5, "minibatches": 1, "lr": 1e-4},
-    "smollm2-135m-instruct": {"prompts": 8, "n": 4, "max_new": 24, "minibatches": 4, "lr": 1e-5},
+    "smollm2-135m-instruct": {"prompts": 16, "n": 4, "max_new": 24, "minibatches": 4, "lr": 1e-5},
 }
 TARGET = {"tiny": 1.0, "smollm2-135m-instruct": 0.5}  # troll's step over TRL's, at most
 
@@ -130,7 +130,8 @@ def troll_argv(o: dict) -> list[str]:
         loss = "troll" if o["side"] == "troll" else "ppo_clip"
         return ["--preset", "tiny-cpu", "--sft_steps", "0", "--loss", loss] + common[2:]
     system = ["--system", ""] if o["side"].endswith("_system") else []
-    return ["--preset", MODELS[o["model"]], *common, *LEVERS.get(o["side"], system)]
+    every_group = ["--filter_groups", "false"]  # TRL's GRPO trains on every group: the same work on both sides
+    return ["--preset", MODELS[o["model"]], *common, *every_group, *LEVERS.get(o["side"], system)]
 
 
 def _proc(field: str) -> int:

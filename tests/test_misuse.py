@@ -335,7 +335,7 @@ def test_ctrl_c_in_the_checks_child_process_is_one_line(tmp_path):
     one_line(
         subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr),
         -signal.SIGINT,
-        "troll.tools.check",
+        "troll check",
         "interrupted",
     )
 
