@@ -112,8 +112,7 @@ def test_every_misspelled_flag_gets_its_own_suggestion(capsys):
 
 def test_another_commands_misspelled_flag_is_suggested(capsys):
     """troll.tools.plot's and troll.tools.evaluate's own parsers; an unknown flag named before a missing required one
-    gets its
-    suggestion too."""
+    gets its suggestion too."""
     from troll.tools import evaluate, plot
 
     line = refused(plot.main, ["runs/x", "--outt", "plots"], capsys)

@@ -404,8 +404,7 @@ def test_a_run_logged_to_a_file_has_no_bar_redraws_and_a_line_per_evaluation(tmp
 def test_an_evaluation_with_its_output_piped_draws_no_bar(tmp_path):
     """troll.tools.evaluate loading a model and sampling, stdout and stderr piped: the figures, its progress as lines,
     and no bar (the weights' loading bar of transformers drew here before troll.base.cli.run_command turned the
-    libraries'
-    bars off)."""
+    libraries' bars off)."""
     from troll.models.tiny import save_tiny, tiny_llama, train_tokenizer
     from troll.tasks import addition
 

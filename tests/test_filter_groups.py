@@ -7,10 +7,9 @@ import random
 
 import pytest
 import torch
+from test_shared_prompt import HalfFinished, _step_inputs
 
-from tests.test_shared_prompt import HalfFinished
 from troll.advantages import has_signal
-from troll.base.config import Config
 from troll.run.diagnostics import StepTimer, step_row
 
 
@@ -41,16 +40,14 @@ def test_has_signal_refuses_what_advantages_refuse():
 
 
 def _collect(monkeypatch, rewards: list[float], **kw):
-    """The tiny run's batch 0 (4 prompts x 4 samples) with the given rewards, filtered or not."""
+    """The tiny run's batch 0 (4 prompts x 4 samples: test_shared_prompt's) with the given rewards, filtered or not,
+    and the task it was drawn from."""
     import troll.train
-    from troll.models.build import build_model
     from troll.tasks.task import load_task
 
     monkeypatch.setattr(troll.train, "rewards_of", lambda task, texts, golds, finished: list(rewards))
-    cfg = Config(**(dict(sft_steps=0, prompts_per_step=4, samples_per_prompt=4, minibatches=2, max_new_tokens=4) | kw))
-    model, tok = build_model(cfg, torch.device("cpu"))
-    task, _ = load_task(cfg, tok)
-    return cfg, model, tok, task, troll.train.collect(cfg, 0, tok, HalfFinished(model, tok), task)
+    cfg, model, tok, batch = _step_inputs(**kw)
+    return cfg, model, tok, load_task(cfg, tok)[0], batch
 
 
 def test_collect_keeps_exactly_the_groups_with_signal(monkeypatch):

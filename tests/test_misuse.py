@@ -165,8 +165,7 @@ def png_of_matplotlib(path: Path) -> None:
 @pytest.mark.parametrize("kind", ["a file", "a figure", "a link", "a dangling link", "a folder"])
 def test_plot_never_replaces_or_writes_through_what_it_did_not_write(plotted_run, tmp_path, capsys, kind):
     """A metrics.png in --out that troll.tools.plot did not write (a user's file, a figure without its mark, a folder)
-    or a
-    symbolic link of that name (to a user's file, or to none): one line naming it, exit 2, every byte as it was."""
+    or a symbolic link of that name (to a user's file, or to none): one line naming it, exit 2, every byte as it was."""
     out = tmp_path / "plots"
     out.mkdir()
     figure, mine = out / "metrics.png", tmp_path / "mine.png"

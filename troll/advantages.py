@@ -22,14 +22,19 @@ from torch import Tensor
 STD_EPS = 1e-6
 
 
-def _group_mean_std(rewards: Tensor, group: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Per-response group mean, unbiased group std and group size, each [B]."""
+def _groups(rewards: Tensor, group: Tensor) -> int:
+    """The number of groups G, after checking that rewards and group are both [B] and every reward is finite."""
     if rewards.dim() != 1 or group.shape != rewards.shape:
         raise ValueError(f"rewards and group must both be [B]; got {tuple(rewards.shape)} and {tuple(group.shape)}")
     if not bool(torch.isfinite(rewards).all()):
         raise ValueError("rewards contain NaN or inf")
+    return int(group.max()) + 1 if group.numel() else 0
+
+
+def _group_mean_std(rewards: Tensor, group: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-response group mean, unbiased group std and group size, each [B]."""
+    n_groups = _groups(rewards, group)
     r = rewards.double()
-    n_groups = int(group.max()) + 1 if group.numel() else 0
     count = torch.zeros(n_groups, dtype=r.dtype, device=r.device).index_add_(0, group, torch.ones_like(r))
     total = torch.zeros_like(count).index_add_(0, group, r)
     mean = (total / count.clamp_min(1))[group]
@@ -59,8 +64,7 @@ def reinforce_pp(rewards: Tensor, group: Tensor) -> Tensor:
 
 def has_signal(rewards: Tensor, group: Tensor) -> Tensor:
     """[B] bool: each sample's group has rewards that differ (max > min), so its advantages can be other than 0."""
-    _group_mean_std(rewards, group)  # the same checks of shapes and values
-    n_groups = int(group.max()) + 1 if group.numel() else 0
+    n_groups = _groups(rewards, group)
     r = rewards.double()
     top = torch.full((n_groups,), -torch.inf, dtype=r.dtype).scatter_reduce(0, group, r, "amax")
     low = torch.full((n_groups,), torch.inf, dtype=r.dtype).scatter_reduce(0, group, r, "amin")

@@ -1,8 +1,8 @@
 """TROLL on one GPU (or CPU): the RL loop, read top to bottom.
 
-    troll train                                            # tiny-cpu: 2-digit addition, minutes on a CPU
-    troll train --preset gsm8k-qwen2.5-0.5b --out runs/qwen # GSM8K, one GPU
-    troll train --out runs/tiny --resume true              # continue a run
+    troll train                                              # tiny-cpu: 2-digit addition, minutes on a CPU
+    troll train --preset gsm8k-qwen2.5-0.5b --out runs/qwen  # GSM8K, one GPU
+    troll train --out runs/tiny --resume true                # continue a run
 
 One RL step (`rl_step`), with pi_theta the network, q the old policy it is anchored to:
 

@@ -18,12 +18,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from troll.base.checkpoint import complete_checkpoints, damage_remedy, damaged_file
+from troll.base.checkpoint import TOKENIZER, complete_checkpoints, damage_remedy, damaged_file
 from troll.tasks import gsm8k
 
 HUB_TIMEOUT_S = 3.0  # the one hub lookup of a model name (resolve_model)
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
-TOKENIZER = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
 
 def is_adapters(folder: Path) -> bool:

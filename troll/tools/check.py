@@ -254,8 +254,7 @@ def check_counts_first(args: argparse.Namespace) -> None:
     """The run's settings (troll.base.config's checks), and what --prompts, --samples and --max_new_tokens imply for the
     model the check will run, checked before anything is written (troll.run.start.check_counts), where its shape is
     known from its name: the preset's model or its stand-in (troll.models.standin's shapes); a --model folder or --shape
-    tiny is
-    checked when the run loads it."""
+    tiny is checked when the run loads it."""
     from troll.models.standin import ARCHS, model_config
     from troll.run.start import check_counts
 
