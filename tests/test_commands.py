@@ -328,9 +328,9 @@ def test_study_out_and_results_paths(tmp_path):
         ),  # TRL on the same prompts, or no comparison
         (
             "trl_compare.py",
-            ["--model", "smollm2-135m-instruct", "--minibatches", "16"],
-            ["--minibatches 16", "--prompts 8", "whole groups"],
-        ),  # 32 samples in 16 minibatches, 8 groups
+            ["--model", "smollm2-135m-instruct", "--minibatches", "32"],
+            ["--minibatches 32", "--prompts 16", "whole groups"],
+        ),  # 64 samples in 32 minibatches, 16 groups
         (
             "trl_compare.py",
             ["--model", "smollm2-135m-instruct", "--prompts", "3", "--minibatches", "5"],
