@@ -2,7 +2,7 @@
 
     python -m study.real --dry-run                 # the runs, and the time they take from a measured step time
     python -m study.real --jobs 2                  # run it (resumable: run it again to go on)
-    python -m study.real --report                  # per loss and lr, then TROLL - PPO-clip at each one's best lr
+    python -m study.real --report                  # per loss and lr, TROLL - PPO-clip at each one's best lr, stability
     python -m study.real --model tiny --seeds 0 1 --lrs 1e-5 2e-5 --steps 1 --eval_size 4 --sft_steps 1 \\
         --out runs/real-smoke --results runs/real-smoke/results.jsonl       # a rehearsal: a few minutes
 
@@ -26,9 +26,14 @@ Design, stated once:
   (default 5e-6, 1e-5 (the preset's), 2e-5) for every loss; each loss's best lr is the one with the highest mean
   held-out accuracy after RL over those seeds (ties: the smaller lr, the more cautious step); the other seeds then
   run each loss at its own best lr only. `--sweep_seeds` equal to the number of seeds is the full grid.
+- Stability, the paper's other claim: once the best lrs are chosen, the first `--stability_seeds` seeds (default 3,
+  or every seed if fewer) run each loss at every `--stability` multiple of its own best lr (default 2 and 4); a run
+  the sweep made already (the same loss, lr and seed) is that run. A row records which part made it (`stage`:
+  sweep, best, stability), and the best lr is chosen from the sweep's rows only.
 - Losses (`--losses`): TROLL and PPO-clip by default, each at its own default trust region (TROLL eps 0.05,
   PPO-clip 0.2); DPPO and CISPO may be added, and are paired with PPO-clip too.
-- Order: the sweep seed by seed (lr by lr, every loss at each), then the other seeds, each with all its losses.
+- Order: the sweep seed by seed (lr by lr, every loss at each), then the other seeds, each with all its losses,
+  then the stability runs.
   The missing warm-starts of the seeds with runs left are made first. `--jobs N` runs N at a time in spawned
   workers with cores / N torch threads each (study/runner.py).
 - Results (`--results`, JSONL, default study/real.jsonl): one row per finished run, merged by name after every run
@@ -44,7 +49,9 @@ Design, stated once:
   the runs that ended below their start, seconds per step and the trust-region statistics; then each loss at its
   best lr (chosen as above) against PPO-clip at its own: the mean paired difference over the seeds both ran, with
   its 95% t-interval (study.runner.paired_diffs, t_interval), and the same with the lrs chosen without each seed
-  (a seed that chose the lr does not also score it; with one sweep seed: the other seeds only). An interval that
+  (a seed that chose the lr does not also score it; with one sweep seed: the other seeds only); then each loss at
+  its best lr and every larger lr it ran: held-out accuracy after RL with its 95% t-interval over seeds, the runs
+  that end below their start, and the policy's entropy over the first and the last 10 steps. An interval that
   contains 0 is said to be noise, in those words.
 - Time (`--dry-run` and every run's first lines): the runs left, one at a time, plus the warm-starts left. A run
   takes the mean wall time of this study's finished runs of the same model, steps and held-out size in --results;
@@ -56,8 +63,9 @@ Design, stated once:
   task), for rehearsals and tests: seconds a run. Its byte-level tokenizer spells the same prompts in about 160
   tokens, so its prompt limit is 256 (the preset's 128 fits SmolLM2's 66-70); nothing else differs.
 - Modes: a run (or --dry-run) and --report. A flag typed that cannot act in the command's mode is refused in one
-  line (study/runner.py): every run flag with --report, which reads only the results file, and --sweep_seeds with
-  a single lr (there is no sweep). A list flag's value given twice is refused (study/runner.py).
+  line (study/runner.py): every run flag with --report, which reads only the results file, --sweep_seeds with a
+  single lr (there is no sweep) and --stability with --stability_seeds 0. A list flag's value given twice is refused
+  (study/runner.py).
 - Its own files only (troll.base.outputs): a warm-start is made in a new folder of its own and renamed to
   <out>/warm-s<seed> when whole (onto nothing or an empty folder); its log <out>/warm-s<seed>.log starts with the
   line `WARM_LOG` and replaces only a log of its own; a run writes only in its own folder (troll.run.harness). A file,
@@ -71,10 +79,11 @@ import json
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from study.real_report import LOSSES, best_lr, report
+from study.real_time import estimate, time_figures
 from study.real_warm import (
     MODELS,
     PRESET,
@@ -109,30 +118,22 @@ from troll.tools import plot
 PROG = "python -m study.real"
 DEFAULT_LOSSES = ("troll", "ppo_clip")
 LRS = (5e-6, 1e-5, 2e-5)
-SEEDS = (0, 1, 2)
+SEEDS = (0, 1, 2, 3, 4)
+STABILITY = (2.0, 4.0)  # the multiples of each loss's best lr the stability runs take
+STAGES = ("sweep", "best", "stability")
 # The settings that ask and score a problem: every run keeps the preset's (`config` checks)
 ASKED = ("task", "chat", "data", "reverse_sum", "max_prompt_len", "max_new_tokens", "temperature", "prompts_per_step",
          "samples_per_prompt", "minibatches", "epochs", "advantage", "agg", "level", "eval_every")  # fmt: skip
 # The trust region's statistics a row keeps per step where metrics.jsonl has them (troll.losses, troll.run.diagnostics)
 TR_KEYS = ("frac_active", "kl_before_mean", "kl_before_max", "kl_after_mean", "kl_after_max", "kl_update_mean",
            "kl_update_max", "dual_support_size_mean", "ratio_min", "ratio_max", "entropy", "grad_norm")  # fmt: skip
-# The built-in time figures, used until this study has finished runs of the model: SmolLM2's measured on the
-# project's 2-core machine while another smollm2-words run and tests shared its cores (runs/smollm2-troll-s0, RL
-# steps 1-7: 67-201 s, mean 128 s; its evaluation of 100 problems: 85-91 s; its warm-start, 5 steps and the
-# probe: about 200 s), so an upper figure: on idle cores a step takes about 40-60 s. The tiny model's: this
-# study's rehearsal on the same busy machine (1 step, 4 problems: 17-20 s a run, mostly loading the task).
-MEASURED = {
-    "smollm2-135m-instruct": {"step_s": 128.0, "eval_s": 0.9, "warm_s": 200.0,
-                              "source": "built-in figures measured with the 2 cores shared (study/real.py MEASURED)"},
-    "tiny": {"step_s": 2.5, "eval_s": 2.0, "warm_s": 30.0, "source": "built-in figures (study/real.py MEASURED)"},
-}  # fmt: skip
 # What a results row holds that the study reads, as declared (study.runner.check_rows): another study's rows lack
 # step_s. The run's steps, evaluation size and time (the calibration's figures) are read where a row has them.
 FIELDS = {
     "name": NAME, "loss": one_of(LOSSES), "lr": LR, "seed": SEED, "model": one_of(MODELS), "eval_before": ACCURACY,
     "eval_after": ACCURACY, "step_s": Spec("number", low=0), "config": OBJECT,
     "steps": Spec("integer", low=0, required=False), "eval_problems": Spec("integer", low=0, required=False),
-    "wall_clock_s": Spec("number", low=0, required=False),
+    "wall_clock_s": Spec("number", low=0, required=False), "stage": one_of(STAGES, required=False),
 }  # fmt: skip
 # The list flags and each run's value of them (study.runner.grid_problem: no value twice)
 FLAGS = {"losses": lambda run: run.loss, "lrs": lambda run: run.lr, "seeds": lambda run: run.seed}
@@ -143,6 +144,7 @@ class Run:
     loss: str
     lr: float
     seed: int
+    stage: str = field(default="sweep", compare=False)  # which part of the study makes it (STAGES)
 
     @property
     def name(self) -> str:
@@ -167,7 +169,16 @@ def sweep(args: argparse.Namespace) -> list[Run]:
 
 def at_best(args: argparse.Namespace, best: dict[str, float]) -> list[Run]:
     """The later seeds' runs: each loss at its best lr (`best`: loss -> lr), seed by seed."""
-    return [Run(loss, best[loss], seed) for seed in later_seeds(args) for loss in args.losses]
+    return [Run(loss, best[loss], seed, "best") for seed in later_seeds(args) for loss in args.losses]
+
+
+def stability(args: argparse.Namespace, best: dict[str, float]) -> list[Run]:
+    """The stability runs: each loss at every --stability multiple of its best lr on the first --stability_seeds
+    seeds, seed by seed, but those the sweep makes (the same name)."""
+    made = {r.name for r in sweep(args)}
+    runs = [Run(loss, float(f"{best[loss] * m:g}"), seed, "stability") for seed in args.seeds[: args.stability_seeds]
+            for m in args.stability for loss in args.losses]  # fmt: skip
+    return [r for r in runs if r.name not in made]
 
 
 def every_run(args: argparse.Namespace) -> list[Run]:
@@ -224,10 +235,11 @@ def execute(run: Run, cfg: Config, model: str) -> dict:
     return collect(run, train_run(cfg), model)
 
 
-def check_recorded(args: argparse.Namespace, done: dict[str, dict]) -> None:
+def check_recorded(args: argparse.Namespace, done: dict[str, dict], best: dict[str, float] | None) -> None:
     """Every run of the flags that is recorded (a results row, or config.json in its folder) was made with the
-    settings the command makes now; otherwise a UsageError naming the run, the fields and the way forward."""
-    for run in every_run(args):
+    settings the command makes now (the stability runs too, once `best` is chosen); otherwise a UsageError naming
+    the run, the fields and the way forward."""
+    for run in every_run(args) + (stability(args, best) if best else []):
         want = settings(asdict(config(run, args)))
         path = Path(args.out) / run.name / "config.json"
         row = done.get(run.name)
@@ -254,57 +266,11 @@ def chosen(rows: Sequence[dict], args: argparse.Namespace) -> dict[str, float] |
     return {loss: best_lr(mine, loss)[0] for loss in args.losses}
 
 
-# ----------------------------------------------------------------------------- the time estimate
-
-
-def evaluations(args: argparse.Namespace) -> int:
-    """Held-out evaluations a run makes: before RL, every eval_every steps and at the last (troll.run.harness)."""
-    every = preset(args.model)["eval_every"]
-    return 1 + sum(1 for s in range(1, args.steps + 1) if s % every == 0 or s == args.steps)
-
-
-def time_figures(args: argparse.Namespace, done: dict[str, dict]) -> dict:
-    """Seconds per RL step, per evaluated problem, per run (where measured) and per warm-start, and where they come
-    from (module docstring)."""
-    figures = dict(MEASURED[args.model])
-    runs = [r for r in done.values() if r["model"] == args.model and r.get("steps")]
-    same = [r for r in runs if (r["steps"], r.get("eval_problems")) == (args.steps, args.eval_size)]
-    if same:  # runs of these settings: their whole wall time (loading, evaluations, checkpoints included)
-        figures |= {"step_s": statistics.fmean(r["step_s"] for r in same)}
-        figures |= {"run_s": statistics.fmean(r["wall_clock_s"] for r in same)}
-        figures["source"] = f"measured: the mean of {len(same)} finished run(s) of these settings in {args.results}"
-    elif runs:  # runs of other lengths: their step time, the built-in time per evaluated problem
-        figures["step_s"] = statistics.fmean(r["step_s"] for r in runs)
-        figures["source"] = f"step: the mean of {len(runs)} finished run(s) in {args.results}; {figures['source']}"
-    warm = [w["warm_s"] for s in args.seeds if (w := warm_record(args, s)) and "warm_s" in w]
-    if warm:
-        figures["warm_s"] = statistics.fmean(warm)
-        figures["source"] += f"; warm-start: the mean of {len(warm)} in {args.out}"
-    return figures
-
-
-def estimate(args: argparse.Namespace, runs: int, warm_starts: int, figures: dict) -> str:
-    """The time of `runs` runs and `warm_starts` warm-starts one at a time, as a line that names its figures."""
-    evals = evaluations(args)
-    run_s = figures.get("run_s", args.steps * figures["step_s"] + evals * args.eval_size * figures["eval_s"])
-    how = (
-        f"{figures['step_s']:.1f} s a step"
-        if "run_s" in figures
-        else f"{args.steps} steps x {figures['step_s']:.1f} s + {evals} evaluations of {args.eval_size} problems x "
-        f"{figures['eval_s']:.2f} s"
-    )
-    total = runs * run_s + warm_starts * figures["warm_s"]
-    return (
-        f"time: about {total / 60:.0f} min one run at a time ({runs} runs x {run_s / 60:.1f} min ({how}) + "
-        f"{warm_starts} warm-starts x {figures['warm_s'] / 60:.1f} min; {figures['source']})"
-    )
-
-
 # ----------------------------------------------------------------------------- the command
 
 MODES = {"run": "without --report", "report": "with --report"}
-RUN_FLAGS = ("--model", "--losses", "--lrs", "--seeds", "--sweep_seeds", "--steps", "--eval_size", "--sft_steps",
-             "--out", "--jobs", "--dry-run")  # fmt: skip
+RUN_FLAGS = ("--model", "--losses", "--lrs", "--seeds", "--sweep_seeds", "--stability", "--stability_seeds", "--steps",
+             "--eval_size", "--sft_steps", "--out", "--jobs", "--dry-run")  # fmt: skip
 ACTS = dict.fromkeys(RUN_FLAGS, ("run",))  # --report reads only the results file; --results acts in both modes
 
 
@@ -322,6 +288,10 @@ def parser() -> Parser:
         default=1,
         help="the first this many --seeds run every lr, the others each loss's best; default: %(default)s",
     )
+    p.add_argument("--stability", nargs="+", type=float, default=list(STABILITY),
+                   help="the multiples of each loss's best lr the stability runs take (each above 1)")  # fmt: skip
+    p.add_argument("--stability_seeds", type=int, default=None,
+                   help="the first this many --seeds make them, 0 none; default: 3, or all if fewer")  # fmt: skip
     p.add_argument("--steps", type=int, default=PRESETS[PRESET]["steps"],
                    help="RL steps per run; default: the preset's %(default)s")  # fmt: skip
     p.add_argument("--eval_size", type=int, default=PRESETS[PRESET]["eval_size"],
@@ -352,6 +322,15 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error(problem)
     if args.sweep_seeds > len(args.seeds):
         p.error(f"--sweep_seeds {args.sweep_seeds} is more than the {len(args.seeds)} --seeds: give at most that many")
+    if args.stability_seeds is None:
+        args.stability_seeds = min(3, len(args.seeds))
+    if args.stability_seeds < 0 or args.stability_seeds > len(args.seeds):
+        p.error(f"--stability_seeds {args.stability_seeds} must be in 0..{len(args.seeds)}, the number of --seeds")
+    multiples = [f"{m:g}" for m in args.stability]
+    if any(not (m > 1 and math.isfinite(m)) for m in args.stability) or len(set(multiples)) < len(multiples):
+        p.error(f"--stability takes distinct multiples above 1 of the best lr, got {' '.join(multiples)}")
+    if args.stability_seeds == 0 and "--stability" in given(p, argv):
+        p.error("--stability cannot act with --stability_seeds 0: no seed runs it; drop one of them")
     if len(args.lrs) == 1 and "--sweep_seeds" in given(p, argv):
         p.error("--sweep_seeds cannot act with a single --lrs value: there is no sweep; drop it, or give more lrs")
     if Path(args.out).is_file() or Path(args.results).is_dir():
@@ -378,14 +357,16 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         print(report(rows, MODELS))
         return rows
     done = read_results(Path(args.results), FIELDS, PROG)
-    check_recorded(args, done)
-    check_warm_starts(args)
     first, best = sweep(args), chosen(list(done.values()), args)
-    later = at_best(args, best) if best else []
+    check_recorded(args, done, best)
+    check_warm_starts(args)
+    later, stable = (at_best(args, best), stability(args, best)) if best else ([], [])
     n_later = len(later_seeds(args)) * len(args.losses)
+    n_stable = len(stable) if best else args.stability_seeds * len(args.stability) * len(args.losses)  # at most
     todo_later = len([r for r in later if r.name not in done]) if best else n_later
-    needed = {r.seed for r in first if r.name not in done} | set(later_seeds(args) if not best else ())
-    needed |= {r.seed for r in later if r.name not in done}  # the seeds with a run to make: their warm-starts
+    todo_stable = len([r for r in stable if r.name not in done]) if best else n_stable
+    unknown = () if best else later_seeds(args) + args.seeds[: args.stability_seeds]
+    needed = {r.seed for r in first + later + stable if r.name not in done} | set(unknown)  # seeds with runs to make
     warm = [s for s in args.seeds if s in needed and warm_record(args, s) is None]
     seeds = " ".join(map(str, sweep_seeds(args)))
     print(f"sweep: seeds {seeds}, every lr of every loss: {len(first)} runs, "
@@ -398,8 +379,16 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
               f"{n_later - todo_later} done")  # fmt: skip
         for run in later if args.dry_run else ():
             print(f"  {'done ' if run.name in done else ''}{run.name}")
+    if n_stable:
+        on = f"{' '.join(f'{m:g}' for m in args.stability)} x its best lr on seeds " + " ".join(
+            map(str, args.seeds[: args.stability_seeds])
+        )
+        print(f"then stability, each loss at {on}: {n_stable} runs, {n_stable - todo_stable} done" if best else
+              f"then stability, each loss at {on}: at most {n_stable} runs, chosen when the sweep is done")  # fmt: skip
+        for run in stable if args.dry_run else ():
+            print(f"  {'done ' if run.name in done else ''}{run.name}")
     print(f"warm-starts to make: {len(warm)} (seeds {' '.join(map(str, warm)) or '-'})")
-    runs_left = len([r for r in first if r.name not in done]) + todo_later
+    runs_left = len([r for r in first if r.name not in done]) + todo_later + todo_stable
     print(estimate(args, runs_left, len(warm), time_figures(args, done)) + f"; {args.jobs} job(s)")
     if args.dry_run:
         return []
@@ -412,10 +401,11 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
                   f"{record['warm_s']:.0f} s", flush=True)  # fmt: skip
         calls = [(run, config(run, args), args.model) for run in first if run.name not in done]
         rows += run_all(pool, execute, calls, Path(args.results), progress)
-        if n_later:
+        if n_later or n_stable:
             best = chosen(list(read_results(Path(args.results), FIELDS, PROG).values()), args)
             print(f"best lr on seeds {seeds}: {', '.join(f'{loss} {lr:g}' for loss, lr in best.items())}", flush=True)
-            calls = [(run, config(run, args), args.model) for run in at_best(args, best) if run.name not in done]
+            runs = at_best(args, best) + stability(args, best)
+            calls = [(run, config(run, args), args.model) for run in runs if run.name not in done]
             rows += run_all(pool, execute, calls, Path(args.results), progress)
     return rows
 

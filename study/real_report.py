@@ -1,7 +1,8 @@
 """The real-model study's analysis (design: study/real.py): each loss's best learning rate over the sweep seeds
 (`best_lr`), each loss at its best against PPO-clip at its own, paired over seeds with a 95% t-interval, and the same
-with the lrs chosen without the seed they are scored on (`compare`), said in words (`verdict`), and the report's
-markdown (`report`: per loss and lr, then the paired comparisons). An interval that contains 0 is said to be noise.
+with the lrs chosen without the seed they are scored on (`compare`), said in words (`verdict`), each loss at its best
+lr and the larger ones it ran (`stability`), and the report's markdown (`report`: per loss and lr, the paired
+comparisons, the stability table). An interval that contains 0 is said to be noise.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ BASELINE = "ppo_clip"
 def best_lr(rows: Sequence[dict], loss: str, without: int | None = None) -> tuple[float, list[int]] | None:
     """The loss's best lr in `rows` and the seeds that chose it: of the lrs it ran, the one with the highest mean
     held-out accuracy after RL over the seeds that ran every one of them (the sweep seeds; `without`: that seed
-    left out); ties go to the smaller lr. None when no such seed is left."""
-    after = {(r["lr"], r["seed"]): r["eval_after"] for r in rows if r["loss"] == loss}
+    left out); ties go to the smaller lr. None when no such seed is left. The stability runs (`stage`) do not
+    choose: they run where the sweep chose."""
+    after = {(r["lr"], r["seed"]): r["eval_after"] for r in rows if r["loss"] == loss and r.get("stage") != "stability"}
     lrs = sorted({lr for lr, _ in after})
     seeds = sorted({s for _, s in after if s != without and all((lr, s) in after for lr in lrs)})
     if not seeds:
@@ -71,6 +73,30 @@ def verdict(diff: float, half: float, n: int, loss: str, baseline: str) -> str:
     if diff - half <= 0 <= diff + half:
         return f"the interval contains 0: noise, no difference between {loss} and {baseline} shown"
     return f"the interval excludes 0: {loss if diff > 0 else baseline} ahead"
+
+
+def entropy(run: dict, last: bool) -> float:
+    """The policy's mean entropy (nats) over a run's first 10 steps, or its last 10; nan where not recorded."""
+    values = run.get("per_step", {}).get("entropy", [])
+    values = values[-10:] if last else values[:10]
+    return statistics.fmean(values) if values else math.nan
+
+
+def stability(rows: Sequence[dict], best: dict[str, float]) -> list[str]:
+    """Each loss at its best lr and every larger lr it ran, as markdown rows: the multiple of the best lr, the seeds,
+    held-out accuracy after RL with its 95% t-interval over seeds, the runs that end below their start, and the
+    entropy over the first and the last 10 steps (means over seeds)."""
+    lines = []
+    for loss in sorted(best, key=LOSSES.index):
+        for lr in sorted({r["lr"] for r in rows if r["loss"] == loss and r["lr"] >= best[loss]}):
+            runs = sorted((r for r in rows if (r["loss"], r["lr"]) == (loss, lr)), key=lambda r: r["seed"])
+            first, last = (statistics.fmean(entropy(r, end) for r in runs) for end in (False, True))
+            lines.append(
+                f"| {loss} | {lr:g} | {lr / best[loss]:g}x | {','.join(str(r['seed']) for r in runs)} | "
+                f"{pm(*t_interval([r['eval_after'] for r in runs]), fmt='.3f')} | "
+                f"{sum(r['eval_after'] < r['eval_before'] for r in runs)}/{len(runs)} | {first:.3f} -> {last:.3f} |"
+            )
+    return lines
 
 
 def seeds_text(n: int) -> str:
@@ -129,4 +155,9 @@ def report_model(rows: Sequence[dict]) -> str:
             f"{verdict(dh, hh, c['held_out_n'], loss, BASELINE)}",
             f"  - seconds per RL step at those lrs: {loss} {c['step_s']:.1f}, {BASELINE} {c['step_s_baseline']:.1f}",
         ]
+    if best:
+        lines += ["", "Stability: each loss at its best lr and the larger lrs it ran (held-out accuracy after RL, 95% "
+                  "t-interval over seeds; runs that end below their start; entropy, nats, first 10 -> last 10 steps):",
+                  "", "| loss | lr | x best | seeds | after | below start | entropy |", "|---|---|---|---|---|---|---|",
+                  *stability(rows, best)]  # fmt: skip
     return "\n".join(lines)

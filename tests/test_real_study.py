@@ -41,6 +41,13 @@ def refused(argv, capsys) -> str:
         (["--lrs", "1e-5", "0"], "--lrs must be positive"),
         (["--steps", "0"], "--steps must be >= 1"),
         (["--model", "gpt2"], "--model"),
+        (["--report", "--stability", "2"], "--stability cannot act with --report"),
+        (["--stability", "1"], "--stability takes distinct multiples above 1 of the best lr, got 1"),
+        (["--stability", "2", "2.0"], "--stability takes distinct multiples above 1 of the best lr, got 2 2"),
+        (["--stability", "inf"], "--stability takes distinct multiples above 1"),
+        (["--seeds", "0", "1", "--stability_seeds", "3"], "--stability_seeds 3 must be in 0..2"),
+        (["--stability_seeds", "-1"], "--stability_seeds -1 must be in 0..5"),
+        (["--stability", "3", "--stability_seeds", "0"], "--stability cannot act with --stability_seeds 0"),
     ],
 )
 def test_a_flag_that_cannot_act_or_a_bad_value_is_refused_in_one_line(argv, says, capsys, tmp_path):
@@ -161,7 +168,8 @@ def test_ties_go_to_the_smaller_lr_and_a_loss_without_a_sweep_seed_has_no_best()
 
 
 def test_the_dry_run_lists_the_later_seeds_at_the_best_lrs_once_the_sweep_is_recorded(tmp_path, capsys):
-    flags = ["--seeds", "0", "1", "2", "--out", str(tmp_path / "runs"), "--results", str(tmp_path / "r.jsonl")]
+    flags = ["--seeds", "0", "1", "2", "--out", str(tmp_path / "runs"), "--results", str(tmp_path / "r.jsonl"),
+             "--stability_seeds", "0"]  # fmt: skip
     args = real.parse(flags)
     rows = [r | {"config": settings(asdict(real.config(real.Run(r["loss"], r["lr"], 0), args)))}
             for r in study_rows([0.5, 0.5], [0.5, 0.5]) if r["seed"] == 0]  # fmt: skip
@@ -179,6 +187,56 @@ def test_the_dry_run_lists_the_later_seeds_at_the_best_lrs_once_the_sweep_is_rec
     assert not (tmp_path / "runs").exists()  # a dry run writes nothing
     err = refused([*flags, "--steps", "10", "--dry-run"], capsys)  # recorded with the preset's 60 steps
     assert "troll_lr5e-06_s0" in err and "other settings (steps): give the flags it was run with" in err
+
+
+def test_the_stability_runs_take_each_losss_best_lr_times_the_multiples_on_the_first_seeds(tmp_path, capsys):
+    """With TROLL's best at 1e-5 and PPO-clip's at 2e-5, --stability 2 4 on the first 2 seeds runs TROLL at 2e-5 and
+    4e-5 and PPO-clip at 4e-5 and 8e-5 on seeds 0 and 1, but TROLL 2e-5 on seed 0, which the sweep made; before
+    the sweep is recorded the dry run says how many at most."""
+    flags = ["--seeds", "0", "1", "2", "--stability_seeds", "2", "--out", str(tmp_path / "runs"), "--results",
+             str(tmp_path / "r.jsonl")]  # fmt: skip
+    args = real.parse(flags)
+    assert real.parse(["--seeds", "0", "1"]).stability_seeds == 2 and real.parse([]).stability_seeds == 3
+    runs = real.stability(args, {"troll": 1e-5, "ppo_clip": 2e-5})
+    assert [r.name for r in runs] == ["ppo_clip_lr4e-05_s0", "troll_lr4e-05_s0", "ppo_clip_lr8e-05_s0",
+                                      "troll_lr2e-05_s1", "ppo_clip_lr4e-05_s1", "troll_lr4e-05_s1",
+                                      "ppo_clip_lr8e-05_s1"]  # fmt: skip
+    assert {r.stage for r in runs} == {"stability"} and runs[1].lr == 4e-5  # the lr its name says
+    assert real.config(runs[1], args).lr == 4e-5
+    assert real.main([*flags, "--dry-run"]) == []
+    assert "then stability, each loss at 2 4 x its best lr on seeds 0 1: at most 8 runs, chosen when the sweep is " \
+        "done" in capsys.readouterr().out  # fmt: skip
+    rows = [r | {"config": settings(asdict(real.config(real.Run(r["loss"], r["lr"], 0), args)))}
+            for r in study_rows([0.5, 0.5], [0.5, 0.5]) if r["seed"] == 0]  # fmt: skip
+    write(tmp_path / "r.jsonl", rows)
+    real.main([*flags, "--dry-run"])
+    out = capsys.readouterr().out
+    assert "then stability, each loss at 2 4 x its best lr on seeds 0 1: 7 runs, 0 done\n  ppo_clip_lr4e-05_s0\n" in out
+    assert "warm-starts to make: 3 (seeds 0 1 2)" in out  # seed 0 has stability runs to make
+    # 4 later runs + 7 stability runs at the built-in 128 s a step x 60 + 4 x 500 x 0.9 s, + 3 warm-starts x 200 s
+    assert f"about {(11 * (60 * 128 + 4 * 500 * 0.9) + 3 * 200) / 60:.0f} min one run at a time (11 runs" in out
+
+
+def test_the_stability_table_against_a_hand_computation_and_its_runs_never_choose_the_lr(capsys):
+    """TROLL's best 1e-5 (0.50 on the sweep seed) stays its best though its stability runs at 4e-5 score 0.90 on
+    seeds 0-2: they do not choose. The table by hand: TROLL at 2e-5 on seeds 0-2 (the sweep's 0.45 and two stability
+    runs, 0.30 and 0.15): mean 0.30, half 4.3027 * 0.15 / sqrt(3) = 0.373, 2 of 3 below their start (0.4); entropy
+    over the first 10 and the last 10 of 12 steps."""
+    ent = [1.0] * 2 + [0.5] * 8 + [0.1] * 2  # first 10: 0.6; last 10: (0.5 * 8 + 0.1 * 2) / 10 = 0.42
+    rows = study_rows([0.55, 0.35], [0.45, 0.40])
+    rows = [r | {"per_step": {"entropy": ent}} for r in rows]
+    rows += [row("troll", 2e-5, s, a, stage="stability", per_step={"entropy": ent}) for s, a in ((1, 0.30), (2, 0.15))]
+    rows += [row("troll", 4e-5, s, 0.90, stage="stability") for s in (0, 1, 2)]
+    assert real_report.best_lr(rows, "troll") == (1e-5, [0])
+    text = real_report.report(rows, real.MODELS)
+    half = T2 * statistics.stdev([0.45, 0.30, 0.15]) / math.sqrt(3)
+    assert f"| troll | 2e-05 | 2x | 0,1,2 | 0.300 ± {half:.3f} | 2/3 | 0.600 -> 0.420 |" in text
+    assert (
+        "| troll | 1e-05 | 1x | 0,1,2 | 0.467 ± " in text
+        and "| troll | 4e-05 | 4x | 0,1,2 | 0.900 ± 0.000 | 0/3 |" in text
+    )
+    assert "| ppo_clip | 2e-05 | 1x | 0,1,2 | 0.443 ± " in text  # PPO-clip ran nothing above its best
+    assert "troll at lr 1e-05 - ppo_clip at lr 2e-05" in text
 
 
 def test_a_foreign_results_file_and_a_foreign_warm_start_are_refused(tmp_path, capsys):
@@ -217,17 +275,22 @@ def test_every_documented_command_of_the_study_is_accepted(path):
 
 @pytest.mark.slow
 def test_a_tiny_study_end_to_end_shares_warm_starts_picks_the_best_and_reports(tmp_path, capsys):
-    """The tiny model in place of SmolLM2 (`--model tiny`): the sweep on seed 0, the best lr on seed 1, one
-    warm-start per seed shared by its runs, resumable, and the report's paired line."""
+    """The tiny model in place of SmolLM2 (`--model tiny`): the sweep on seed 0, the best lr on seed 1, then each
+    loss at twice its best lr on seed 0 (a run the sweep made where that is 2e-5), one warm-start per seed shared by
+    its runs, resumable, and the report's paired line and stability table."""
     out, results = tmp_path / "runs", tmp_path / "results.jsonl"
     argv = ["--model", "tiny", "--seeds", "0", "1", "--lrs", "1e-5", "2e-5", "--steps", "1", "--eval_size", "4",
-            "--sft_steps", "1", "--out", str(out), "--results", str(results)]  # fmt: skip
+            "--sft_steps", "1", "--out", str(out), "--results", str(results), "--stability", "2",
+            "--stability_seeds", "1"]  # fmt: skip
     rows = real.main(argv)
     best = real.chosen(rows, real.parse(argv))
+    stable = [f"{loss}_lr{2 * best[loss]:g}_s0" for loss in ("troll", "ppo_clip") if best[loss] == 2e-5]
     assert sorted(r["name"] for r in rows) == sorted(
         [f"{loss}_lr{lr:g}_s0" for loss in ("troll", "ppo_clip") for lr in (1e-5, 2e-5)]
         + [f"{loss}_lr{best[loss]:g}_s1" for loss in ("troll", "ppo_clip")]
+        + stable
     )
+    assert {r["stage"] for r in rows} == {"sweep", "best"} | ({"stability"} if stable else set())
     for seed in (0, 1):
         warm = json.loads((out / f"warm-s{seed}" / "warm.json").read_text())
         made = (warm["model"], warm["sft_limit"], warm["preset"], warm["sft_steps_run"])
@@ -243,7 +306,8 @@ def test_a_tiny_study_end_to_end_shares_warm_starts_picks_the_best_and_reports(t
     assert real.main(argv) == []  # everything recorded: nothing to run
     capsys.readouterr()
     real.main(["--report", "--results", str(results)])
-    assert "troll at lr" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "troll at lr" in text and "| troll | " in text.split("Stability:")[1]
     assert "(steps)" in refused([*argv[:8], "--steps", "2", *argv[10:]], capsys)
 
 
