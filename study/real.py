@@ -335,8 +335,9 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--sweep_seeds cannot act with a single --lrs value: there is no sweep; drop it, or give more lrs")
     if Path(args.out).is_file() or Path(args.results).is_dir():
         p.error("--out must be a folder and --results a file")
-    try:  # every run's config is checked before any work
-        for run in every_run(args):
+    try:  # every run's config is checked before any work, the stability runs' at the largest lr they can take
+        top = {loss: max(args.lrs) for loss in args.losses}
+        for run in every_run(args) + (stability(args, top) if args.stability_seeds else []):
             config(run, args)
     except ValueError as e:
         p.error(str(e))

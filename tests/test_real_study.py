@@ -48,6 +48,7 @@ def refused(argv, capsys) -> str:
         (["--seeds", "0", "1", "--stability_seeds", "3"], "--stability_seeds 3 must be in 0..2"),
         (["--stability_seeds", "-1"], "--stability_seeds -1 must be in 0..5"),
         (["--stability", "3", "--stability_seeds", "0"], "--stability cannot act with --stability_seeds 0"),
+        (["--lrs", "100", "--stability", "1e307"], "lr must be > 0 and finite, got inf"),  # checked before any run
     ],
 )
 def test_a_flag_that_cannot_act_or_a_bad_value_is_refused_in_one_line(argv, says, capsys, tmp_path):
