@@ -43,8 +43,9 @@ Design, stated once:
   holds: the share of tokens projected / clipped / masked, KL(p || q) before and after the projection, TROLL's
   sparse support size, the ratio's range; the network's exact update KL where a run measured it), and the run's
   whole config. A run with a row, or with summary.json in its folder, is done; an interrupted one resumes from its
-  checkpoint. A run or warm-start recorded with other settings than the command makes now is refused, not counted;
-  a row of another study's file is refused (`FIELDS`).
+  checkpoint; a finished run keeps its model after RL in <out>/<name>/final (0.5 GB for SmolLM2 in float32), which
+  study/real_gsm8k.py evaluates on GSM8K. A run or warm-start recorded with other settings than the command makes
+  now is refused, not counted; a row of another study's file is refused (`FIELDS`).
 - Report (`--report`): per loss and lr, the mean held-out accuracy before and after RL and the gain over seeds,
   the runs that ended below their start, seconds per step and the trust-region statistics; then each loss at its
   best lr (chosen as above) against PPO-clip at its own: the mean paired difference over the seeds both ran, with
@@ -232,7 +233,7 @@ def collect(run: Run, out: Path, model: str) -> dict:
 
 def execute(run: Run, cfg: Config, model: str) -> dict:
     """Train one run (study.runner.train_run); returns its results row."""
-    return collect(run, train_run(cfg), model)
+    return collect(run, train_run(cfg, final=True), model)
 
 
 def check_recorded(args: argparse.Namespace, done: dict[str, dict], best: dict[str, float] | None) -> None:

@@ -124,9 +124,11 @@ def run_all(
     return rows
 
 
-def train_run(cfg: Config) -> Path:
+def train_run(cfg: Config, final: bool = False) -> Path:
     """Train one run in this (worker) process, or resume it where it stopped (troll.run.harness: with no checkpoint
-    yet it starts from the beginning), its output to <out>/log.txt; its checkpoints are deleted once it is done."""
+    yet it starts from the beginning), its output to <out>/log.txt; its checkpoints are deleted once it is done.
+    With `final`, its last checkpoint's model and tokenizer are kept first, as the model folder <out>/final (its
+    optimiser state, trainer.pt, deleted with the rest)."""
     from troll.run.harness import claim_folder
     from troll.train import train
 
@@ -141,6 +143,10 @@ def train_run(cfg: Config) -> Path:
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
     with open(fd, "a") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
         train(replace(cfg, resume=True))
+    if final:
+        last = out / "checkpoints" / (out / "checkpoints" / "latest").read_text().strip()
+        last.rename(out / "final")  # onto nothing: the run's folder is its own, and the run had no final model
+        (out / "final" / "trainer.pt").unlink()
     shutil.rmtree(out / "checkpoints", ignore_errors=True)
     return out
 

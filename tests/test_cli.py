@@ -23,7 +23,7 @@ from troll.base.cli import BROKEN_PIPE, Parser, UsageError, run_command
 
 COMMANDS = [  # troll's as its verbs (`python -m troll VERB`, as `troll VERB`), the studies' and benches' as modules
     *(f"troll {verb}" for verb in ("train", "check", "evaluate", "export", "plot", "inspect", "model", "memory")),
-    *(f"study.{name}" for name in ("run", "offpolicy", "bandit", "figures", "real", "inspect_figure")),
+    *(f"study.{name}" for name in ("run", "offpolicy", "bandit", "figures", "real", "real_gsm8k", "inspect_figure")),
     *(f"bench.{name}" for name in BENCHES),
 ]
 
@@ -169,6 +169,18 @@ def test_every_parser_is_a_troll_parser():
         if "argparse.ArgumentParser(" in line
     ]
     assert not plain and issubclass(Parser, argparse.ArgumentParser)
+
+
+def test_every_command_of_the_studies_and_benches_is_listed():
+    """The modules of study/ and bench/ that run as a command (they end in run_command or hand their main to it)
+    are the ones COMMANDS lists, so each new one gets this file's, the fuzzer's and the refusal tests' checks."""
+    runs = {
+        f"{folder}.{path.stem}"
+        for folder in ("study", "bench")
+        for path in (ROOT / folder).glob("*.py")
+        if re.search(r"^\s+run_command\(", path.read_text(), re.M)
+    }
+    assert runs == {c for c in COMMANDS if c.split(".")[0] in ("study", "bench")}
 
 
 def run(module: str, *argv: str) -> subprocess.Popen:

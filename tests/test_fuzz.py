@@ -151,6 +151,12 @@ COMMANDS = {
             count_stop=STUDY_WORKERS,
             count_stop_in="study.runner",
         ),  # fmt: skip
+        Command(
+            "study.real_gsm8k",
+            base=("--data", "tests/data/gsm8k"),
+            stop=("made.append(summary := evaluate.main(evaluate_argv(args, model, label)))",),
+            bounded=RUN_LENGTHS,
+        ),
         Command("study.figures"),
         Command("study.inspect_figure", stop=("runs = {name: train(work, name) for name in RUNS}",)),
         Command("bench.projection", stop=("args = make_batch(a.n", "pair = real_pair(settings, a.n")),

@@ -301,7 +301,10 @@ def test_a_tiny_study_end_to_end_shares_warm_starts_picks_the_best_and_reports(t
         asked = {(r["config"]["sft_steps"], r["config"]["task"], r["config"]["chat"]) for r in mine}
         assert asked == {(0, "words", True)}
         assert len({r["eval_before"] for r in mine}) == 1  # one warm-start: the same held-out accuracy before RL
-    for r in rows:
+    for r in rows:  # each run keeps its final model (no optimiser state) and no checkpoint
+        final = out / r["name"] / "final"
+        assert (final / "model.safetensors").is_file() and not (final / "trainer.pt").exists()
+        assert not (out / r["name"] / "checkpoints").exists()
         assert r["steps"] == 1 and r["step_s"] > 0 and len(r["eval_curve"]) == 2 and r["eval_problems"] == 4
         assert 0 <= r["frac_active"] <= 1 and "kl_after_mean" in r and r["per_step"]["kl_before_mean"]
     assert real.main(argv) == []  # everything recorded: nothing to run
