@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from study import real, real_report, real_warm
+from study import real, real_gsm8k, real_report, real_warm
 from troll.base.cli import run_command
 from troll.base.config import PRESETS, settings
 
@@ -257,21 +257,24 @@ def test_a_foreign_results_file_and_a_foreign_warm_start_are_refused(tmp_path, c
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("path", ["study/README.md", "study/real.py"])
-def test_every_documented_command_of_the_study_is_accepted(path):
-    """The `python -m study.real` commands of the README and the module's docstring parse (continued lines joined,
-    comments dropped)."""
+@pytest.mark.parametrize(
+    "path, module", [("study/README.md", real), ("study/real.py", real), ("study/README.md", real_gsm8k),
+                     ("study/real_gsm8k.py", real_gsm8k)]
+)  # fmt: skip
+def test_every_documented_command_of_the_study_is_accepted(path, module):
+    """The `python -m study.real` (and `study.real_gsm8k`) commands of the README and the modules' docstrings parse
+    (continued lines joined, comments dropped)."""
     text = (ROOT / path).read_text().replace("\\\\", "\\")  # the docstring's source doubles the line-end backslash
     lines, commands = [line.strip() for line in text.splitlines()], []
     for i, line in enumerate(lines):
-        if line.startswith("python -m study.real"):
+        if line.startswith(f"{module.PROG} "):
             while line.endswith("\\"):
                 i += 1
                 line = line[:-1] + " " + lines[i]
             commands.append(shlex.split(line.split(" #")[0])[2:])
-    assert len(commands) >= 4
+    assert len(commands) >= (4 if module is real else 2)
     for _, *argv in commands:
-        real.parse(argv)
+        module.parse(argv)
 
 
 @pytest.mark.slow
