@@ -20,7 +20,7 @@ integer "step", numbers in their ranges), each named by file, line and field; a 
 troll.tools.plot did not write. A torn last line (a run killed while appending one) is skipped with a warning
 naming the file (`read_jsonl`).
 
-Its own files only: every figure troll.tools.plot writes carries the PNG text entry Software=troll.tools.plot
+Its own files only: every figure troll.tools.plot writes carries the PNG text entry Software=troll.plot
 (FIGURE_MARK), and it replaces an <out>/metrics.png only when that file carries it (a figure it wrote before). Anything
 else there of that name (someone's file, a figure from before the mark, a folder, a symbolic link, which is never
 written through) is refused, unchanged: choose another --out.
