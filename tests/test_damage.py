@@ -1,7 +1,7 @@
-"""The damage sweep (issue 40): every file that a finished run, a LoRA run (with its `<out>/base`), an export and a
-study's results file hold, each damage (deleted, truncated to half, garbled bytes in the middle, emptied, made
-read-only, replaced by a folder), against each command that reads it (resume, troll.tools.evaluate, troll.tools.export,
-troll.tools.plot, troll.tools.inspect, the study's reports).
+"""The damage sweep (issue 40): every file that a finished run, a LoRA run (with its `<out>/base`), an export, a
+study's results file and the real-model study's GSM8K evaluations hold, each damage (deleted, truncated to half,
+garbled bytes in the middle, emptied, made read-only, replaced by a folder), against each command that reads it
+(resume, troll.tools.evaluate, troll.tools.export, troll.tools.plot, troll.tools.inspect, the studies' reports).
 
 The invariant: exit 0 with a correct result, or a non-zero exit whose last stderr line is one line naming the file
 (its path or name) and the way forward; never a traceback, and no progress bar (the output is not a terminal); and
@@ -114,6 +114,20 @@ def study_results(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def real_gsm8k(tmp_path_factory) -> Path:
+    """The real-model study on the tiny model (one seed, one lr a loss, one step) in <root>/runs, its results in
+    <root>/r.jsonl, and GSM8K before and after its runs (study.real_gsm8k) in <root>/runs/gsm8k."""
+    root = tmp_path_factory.mktemp("pristine") / "real"
+    where = ["--out", str(root / "runs"), "--results", str(root / "r.jsonl")]
+    from study import real, real_gsm8k  # imported, not run as __main__: the study's worker pickles its functions
+
+    real.main(["--model", "tiny", "--seeds", "0", "--lrs", "1e-5", "--steps", "1", "--eval_size", "2", "--sft_steps",
+               "1", "--stability_seeds", "0", *where])  # fmt: skip
+    real_gsm8k.main([*where, "--data", "tests/data/gsm8k", "--limit", "2", "--samples", "2", "--max_new_tokens", "4"])
+    return root
+
+
+@pytest.fixture(scope="module")
 def evaluated_run(full_run, tmp_path_factory) -> Path:
     """The full run with an evaluation of it in <run>/evals (greedy and samples), which the same command continues."""
     out = tmp_path_factory.mktemp("pristine") / "evaluated"
@@ -123,7 +137,7 @@ def evaluated_run(full_run, tmp_path_factory) -> Path:
 
 
 ARTIFACTS = {"full": "full_run", "lora": "lora_run", "export": "lora_export", "study": "study_results",
-             "evaluation": "evaluated_run"}  # fmt: skip
+             "evaluation": "evaluated_run", "real": "real_gsm8k"}  # fmt: skip
 
 
 def files(root: Path) -> list[Path]:
@@ -242,6 +256,10 @@ def reported(root: Path, work: Path, result: Result) -> str | None:
     return None if "| cell |" in result.out else f"the report printed {result.out[-500:]!r}"
 
 
+def gsm8k_reported(root: Path, work: Path, result: Result) -> str | None:
+    return None if "| model | problems |" in result.out else f"the report printed {result.out[-500:]!r}"
+
+
 def drawn(root: Path, work: Path, result: Result) -> str | None:
     return None if (work / "figures" / "bandit_steps.png").is_file() else "the study drew no figure"
 
@@ -297,6 +315,12 @@ COMMANDS = {
     "bandit-report": Command(
         "study.bandit", lambda root, rel, work: ["--report", "--results", str(root / rel)], reported
     ),
+    "gsm8k-report": Command(  # the study's results and each evaluation's summary.json
+        "study.real_gsm8k",
+        lambda root, rel, work: ["--report", "--out", str(root / "runs"), "--results", str(root / "r.jsonl")],
+        gsm8k_reported,
+        lambda root, rel: str(rel) == "r.jsonl" or (rel.parts[:2] == ("runs", "gsm8k") and rel.name == "summary.json"),
+    ),
     "bandit-figures": Command(
         "study.bandit",
         lambda root, rel, work: ["--figures", str(work / "figures"), "--results", str(root / rel)],
@@ -309,6 +333,7 @@ READERS = {  # the commands that read each artifact's files
     "export": ("evaluate",),
     "study": ("bandit-report", "bandit-figures"),
     "evaluation": ("continue",),
+    "real": ("gsm8k-report",),
 }
 CASES = [
     (artifact, command, damage) for artifact, commands in READERS.items() for command in commands for damage in DAMAGES
