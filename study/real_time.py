@@ -8,14 +8,14 @@ import statistics
 
 from study.real_warm import preset, warm_record
 
-# The built-in time figures, used until this study has finished runs of the model: SmolLM2's measured on the
-# project's 2-core machine while another smollm2-words run and tests shared its cores (runs/smollm2-troll-s0, RL
-# steps 1-7: 67-201 s, mean 128 s; its evaluation of 100 problems: 85-91 s; its warm-start, 5 steps and the
-# probe: about 200 s), so an upper figure: on idle cores a step takes about 40-60 s. The tiny model's: this
-# study's rehearsal on the same busy machine (1 step, 4 problems: 17-20 s a run, mostly loading the task).
+# The built-in time figures, used until this study has finished runs of the model. SmolLM2's: the preset's seed-0 run
+# (docs/results.md, run tB) on the project's 2 cores shared with a second run and tests: 24.1 s a step on average,
+# and (its wall time - its steps - its warm-start) / the 2,000 problems its 4 evaluations held, 0.25 s a problem
+# (loading and checkpoints included); warm-starts 76-83 s (5-6 supervised steps and the probes). The tiny model's:
+# this study's rehearsal on the same busy machine (1 step, 4 problems: 17-20 s a run, mostly loading the task).
 MEASURED = {
     "smollm2-135m-instruct": {
-        "step_s": 128.0, "eval_s": 0.9, "warm_s": 200.0,
+        "step_s": 24.0, "eval_s": 0.25, "warm_s": 80.0,
         "source": "built-in figures measured with the 2 cores shared (study/real_time.py MEASURED)",
     },
     "tiny": {"step_s": 2.5, "eval_s": 2.0, "warm_s": 30.0, "source": "built-in figures (study/real_time.py MEASURED)"},

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from study import real, real_gsm8k, real_report, real_warm
+from study import real, real_gsm8k, real_report, real_time, real_warm
 from troll.base.cli import run_command
 from troll.base.config import PRESETS, settings
 
@@ -182,8 +182,9 @@ def test_the_dry_run_lists_the_later_seeds_at_the_best_lrs_once_the_sweep_is_rec
     assert "then seeds 1 2 at each loss's best lr (troll 1e-05, ppo_clip 2e-05): 4 runs, 0 done" in out
     assert "  troll_lr1e-05_s1\n  ppo_clip_lr2e-05_s1\n  troll_lr1e-05_s2\n  ppo_clip_lr2e-05_s2\n" in out
     assert "warm-starts to make: 2 (seeds 1 2)" in out  # seed 0 has no run left to make
-    # the time: 4 runs x their measured 1300 s, + 2 warm-starts x the built-in 200 s = 5600 s
-    assert "about 93 min one run at a time (4 runs x 21.7 min (50.0 s a step) + 2 warm-starts x 3.3 min" in out
+    # the time: 4 runs x their measured 1300 s, + 2 warm-starts x the built-in 80 s = 5360 s
+    assert real_time.MEASURED["smollm2-135m-instruct"]["warm_s"] == 80
+    assert "about 89 min one run at a time (4 runs x 21.7 min (50.0 s a step) + 2 warm-starts x 1.3 min" in out
     assert "measured: the mean of 6 finished run(s) of these settings" in out
     assert not (tmp_path / "runs").exists()  # a dry run writes nothing
     err = refused([*flags, "--steps", "10", "--dry-run"], capsys)  # recorded with the preset's 60 steps
@@ -214,8 +215,14 @@ def test_the_stability_runs_take_each_losss_best_lr_times_the_multiples_on_the_f
     out = capsys.readouterr().out
     assert "then stability, each loss at 2 4 x its best lr on seeds 0 1: 7 runs, 0 done\n  ppo_clip_lr4e-05_s0\n" in out
     assert "warm-starts to make: 3 (seeds 0 1 2)" in out  # seed 0 has stability runs to make
-    # 4 later runs + 7 stability runs at the built-in 128 s a step x 60 + 4 x 500 x 0.9 s, + 3 warm-starts x 200 s
-    assert f"about {(11 * (60 * 128 + 4 * 500 * 0.9) + 3 * 200) / 60:.0f} min one run at a time (11 runs" in out
+    # 4 later runs + 7 stability runs at the built-in seconds a step x 60 + 4 x 500 x seconds a problem, + 3
+    # warm-starts
+    f = real_time.MEASURED["smollm2-135m-instruct"]
+    minutes = (11 * (60 * f["step_s"] + 4 * 500 * f["eval_s"]) + 3 * f["warm_s"]) / 60
+    assert (
+        f"about {minutes:.0f} min one run at a time (11 runs x {(60 * f['step_s'] + 2000 * f['eval_s']) / 60:.1f}"
+        in out
+    )
 
 
 def test_the_stability_table_against_a_hand_computation_and_its_runs_never_choose_the_lr(capsys):
