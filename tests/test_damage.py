@@ -123,7 +123,8 @@ def real_gsm8k(tmp_path_factory) -> Path:
 
     real.main(["--model", "tiny", "--seeds", "0", "--lrs", "1e-5", "--steps", "1", "--eval_size", "2", "--sft_steps",
                "1", "--stability_seeds", "0", *where])  # fmt: skip
-    real_gsm8k.main([*where, "--data", "tests/data/gsm8k", "--limit", "2", "--samples", "2", "--max_new_tokens", "4"])
+    data = str(Path(__file__).resolve().parent / "data" / "gsm8k")  # the repository's sample of GSM8K
+    real_gsm8k.main([*where, "--data", data, "--limit", "2", "--samples", "2", "--max_new_tokens", "4"])
     return root
 
 

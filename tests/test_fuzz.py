@@ -153,7 +153,7 @@ COMMANDS = {
         ),  # fmt: skip
         Command(
             "study.real_gsm8k",
-            base=("--data", "tests/data/gsm8k"),
+            base=("--data", str(ROOT / "tests" / "data" / "gsm8k")),
             stop=("made.append(summary := evaluate.main(evaluate_argv(args, model, label)))",),
             bounded=RUN_LENGTHS,
         ),

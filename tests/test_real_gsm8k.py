@@ -149,7 +149,8 @@ def test_the_rehearsal_after_a_tiny_study_evaluates_before_and_after_and_continu
     flags = ["--out", str(tmp_path / "runs"), "--results", str(tmp_path / "r.jsonl")]
     real.main(["--model", "tiny", "--seeds", "0", "--lrs", "1e-5", "--steps", "1", "--eval_size", "4", "--sft_steps",
                "1", "--stability_seeds", "0", *flags])  # fmt: skip
-    argv = [*flags, "--data", "tests/data/gsm8k", "--limit", "2", "--samples", "2", "--max_new_tokens", "4"]
+    data = str(Path(__file__).resolve().parent / "data" / "gsm8k")  # the repository's sample of GSM8K
+    argv = [*flags, "--data", data, "--limit", "2", "--samples", "2", "--max_new_tokens", "4"]
     made = real_gsm8k.main(argv)
     assert [(s["n"], s["samples"], s["task"]) for s in made] == [(2, 2, "gsm8k")] * 3
     out = capsys.readouterr().out
