@@ -1,8 +1,8 @@
 """GSM8K before and after the real-model study's best runs (study/real.py): does what SmolLM2 learns on word problems
 carry over to GSM8K?
 
-    python -m study.real_gsm8k --data ../shared/data/gsm8k --dry-run     # the evaluations, and what they need
-    python -m study.real_gsm8k --data ../shared/data/gsm8k               # run them (resumable: run it again to go on)
+    python -m study.real_gsm8k --data openai/gsm8k --dry-run     # the evaluations, and what they need
+    python -m study.real_gsm8k --data openai/gsm8k               # run them (resumable: run it again to go on)
     python -m study.real_gsm8k --report                                  # the table of the evaluations made
     python -m study.real_gsm8k --data tests/data/gsm8k --out runs/real-smoke --results runs/real-smoke/results.jsonl \\
         --limit 4 --samples 2 --max_new_tokens 8                          # a rehearsal after study.real's
@@ -14,13 +14,14 @@ Design, stated once:
   keeps of each run). A seed without a run at a loss's best lr, a run without its results row or its final model,
   or a warm-start without warm.json is refused in one line naming it and the command that makes it; so is a
   results file without a best lr for any loss.
-- How: troll.tools.evaluate in this process, task gsm8k from `--data` (a folder with test.jsonl, or one .jsonl
-  file: the full test split or the repository's sample, tests/data/gsm8k), the first `--limit` problems (default
-  200), greedy pass@1 and `--samples` completions a problem (default 8) at temperature 1.0, seed 0, for pass@k, at
-  most `--max_new_tokens` tokens (default 256), before and after alike: a model folder, prompted through its
-  chat template as GSM8K asks (troll.tasks.gsm8k). Each evaluation goes to <evals>/<label> (`--evals`, default
-  <out>/gsm8k; label: warm-s<seed> or the run's name), where a stopped one continues and a finished one is read
-  back (troll.tools.evaluate); every folder is checked to be free or evaluate's own before the first is written.
+- How: troll.tools.evaluate in this process, task gsm8k from `--data` (the hub's openai/gsm8k, a folder with
+  GSM8K's test.jsonl, or one .jsonl file; the repository's sample, tests/data/gsm8k, holds 100 test problems), the
+  first `--limit` problems (default 200), greedy pass@1 and `--samples` completions a problem (default 8) at
+  temperature 1.0, seed 0, for pass@k, at most `--max_new_tokens` tokens (default 256), before and after alike: a
+  model folder, prompted through its chat template as GSM8K asks (troll.tasks.gsm8k). Each evaluation goes to
+  <evals>/<label> (`--evals`, default <out>/gsm8k; label: warm-s<seed> or the run's name), where a stopped one
+  continues and a finished one is read back (troll.tools.evaluate); every folder is checked to be free or
+  evaluate's own before the first is written.
 - Report (`--report`, from the summary.json files in --evals, read through `SUMMARY`): per seed, the warm-start and
   each loss's run: greedy pass@1 and pass@k at k = 1 and the samples, and the run minus its warm-start; then per
   loss over the seeds, the mean difference in greedy pass@1 and pass@k with 95% t-intervals. An interval that
@@ -147,7 +148,7 @@ ACTS = {"--data": ("run",), "--limit": ("run",), "--samples": ("run",), "--max_n
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p = Parser(prog=PROG, description=__doc__.split("\n")[0])
-    p.add_argument("--data", help="GSM8K's test split: a folder with test.jsonl, or a .jsonl file (a run needs it)")
+    p.add_argument("--data", help="GSM8K's test split: openai/gsm8k, a folder with test.jsonl or a .jsonl file")
     p.add_argument("--out", default="runs/real", help="the study's --out; default: %(default)s")
     p.add_argument("--results", default="study/real.jsonl", help="the study's --results; default: %(default)s")
     p.add_argument("--evals", default=None, help="one folder per evaluation in here; default: <out>/gsm8k")
@@ -161,7 +162,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     if problem := inert_flag(p, argv, ACTS, ["report" if args.report else "run"], MODES):
         p.error(problem)
     if not args.report and not args.data:
-        p.error("--data is needed to evaluate: a folder with GSM8K's test.jsonl (tests/data/gsm8k is a sample)")
+        p.error("--data is needed to evaluate: openai/gsm8k, or a folder with GSM8K's test.jsonl (tests/data/gsm8k)")
     for name, low in (("limit", 1), ("samples", 0), ("max_new_tokens", 1)):
         if getattr(args, name) < low:
             p.error(f"--{name} must be >= {low}, got {getattr(args, name)}")
