@@ -9,7 +9,7 @@ from troll.base.config import Config
 from troll.models.build import build_model
 from troll.policy import completion_logits
 from troll.rollout import HFGenerator
-from troll.run.warmstart import answer_batch, greedy_solves, warm_start
+from troll.run.warmstart import adamw, answer_batch, greedy_solves, warm_start
 from troll.tasks import addition
 
 ROWS = addition.problems("train")
@@ -63,11 +63,13 @@ def test_answer_batch_pads_and_masks_answers_of_any_length():
 @pytest.mark.slow
 def test_warm_start_stops_at_the_first_step_where_batch_and_probe_meet_the_target(partly_trained):
     """The reference: the same supervised steps written out, the batch's solved share read from generate on the
-    batch before the step, the probe's from generate after it; the first step where both reach the target."""
+    batch before the step, the probe's from generate after it; the first step where both reach the target. The
+    optimiser is warm_start's own: over hundreds of float32 steps, rounding apart (fused against torch's loop)
+    moves the step where the target is met."""
     _, _, record = partly_trained
     model, tokenizer = fresh()
     generator = HFGenerator(model, tokenizer)
-    opt = torch.optim.AdamW(model.parameters(), lr=SFT["lr"])
+    opt = adamw(list(model.parameters()), lr=SFT["lr"])  # warm_start's optimiser, itself locked to torch's loop below
     gen = torch.Generator().manual_seed(SFT["seed"])
     probe = ROWS[: SFT["probe"]]
 
@@ -100,3 +102,27 @@ def test_warm_start_reports_a_missed_target_and_rejects_a_bad_one():
     assert plain["sft_steps_run"] == 3 and plain["sft_reached"] and 0.0 <= plain["sft_probe_acc"] < 1.0
     with pytest.raises(ValueError, match="target must be in"):
         warm_start(model, tokenizer, ROWS, prompt, steps=3, target=1.5, **SFT)
+
+
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
+def test_adamw_is_torchs_default_adamw_to_float_rounding(weight_decay):
+    """The fused optimiser troll builds (on CPU here) against torch's default per-tensor AdamW, in float64 over five
+    steps of the same gradients: the weights agree to 1e-12 and the moments too."""
+    torch.manual_seed(0)
+    weights = [torch.randn(7, 5, dtype=torch.float64), torch.randn(5, dtype=torch.float64)]
+    fused = [torch.nn.Parameter(w.clone()) for w in weights]
+    plain = [torch.nn.Parameter(w.clone()) for w in weights]
+    opt = adamw(fused, lr=1e-2, weight_decay=weight_decay)
+    ref = torch.optim.AdamW(plain, lr=1e-2, weight_decay=weight_decay)
+    assert opt.defaults["fused"] and not ref.defaults["fused"]
+    for _ in range(5):
+        grads = [torch.randn_like(w) for w in weights]
+        for params, o in ((fused, opt), (plain, ref)):
+            for p, g in zip(params, grads, strict=True):
+                p.grad = g.clone()
+            o.step()
+    for p, q in zip(fused, plain, strict=True):
+        assert torch.allclose(p, q, rtol=0, atol=1e-12)
+        assert (p - weights[0 if p.dim() == 2 else 1]).abs().max() > 1e-3  # the steps moved the weights
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert torch.allclose(opt.state[p][key], ref.state[q][key], rtol=0, atol=1e-12)

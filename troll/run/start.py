@@ -7,7 +7,7 @@ model (or the checkpoint a resumed run continues from) and the task's data; ever
 (`check_start`: the tokenizer fits the output layer, --kl_update_vocab can act, a new LoRA run's targets match
 layers and its rank is one they have); only then the run folder claimed (troll.run.harness), and for a new run the
 supervised warm-start (troll.run.warmstart), the frozen base kept once (LoRA) and the adapters added (troll.lora); the
-optimiser (`make_optimizer`: AdamW over the trained weights, linear warmup, then constant or cosine to 0 over all
+optimiser (`make_optimizer`: AdamW, fused, over the trained weights, linear warmup, then constant or cosine to 0 over all
 optimiser steps); the rollout engine (`make_generator`: the training model itself, or a vLLM engine that loads the
 base from disk once and then follows every update in place); last, the step-0 evaluation and checkpoint of a new
 run, or the restored optimiser and schedule of a resumed one.
@@ -31,7 +31,7 @@ from troll.models.build import adapt, build_model
 from troll.padding import check_vocab
 from troll.rollout import Generator, HFGenerator
 from troll.run.harness import Run, RunError, starting
-from troll.run.warmstart import warm_start_task
+from troll.run.warmstart import adamw, warm_start_task
 from troll.tasks.task import evaluate, load_task
 
 TINY_TOKEN_BYTES = 6 << 10  # a --vocab_size token of the tiny model's run: its rows of the input and output layers
@@ -72,7 +72,7 @@ def make_generator(cfg: Config, model: Any, tokenizer: Any, out: Path) -> Genera
 def make_optimizer(cfg: Config, model: Any) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW and its schedule over all optimiser steps: linear warmup, then constant or cosine to 0."""
     trained = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters; else every weight
-    opt = torch.optim.AdamW(trained, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    opt = adamw(trained, lr=cfg.lr, weight_decay=cfg.weight_decay)
     total = cfg.steps * cfg.epochs * cfg.minibatches
 
     def factor(i: int) -> float:
