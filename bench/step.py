@@ -47,8 +47,9 @@ median ratios.
 
 `--compare levers` (issue 52): the preset's own loss, with `LEVERS` as the variants: today's per-sample path
 (`--share_prompt false --minibatch_by sample`), the shared prompt with minibatches of whole groups, that with an empty
-system message (`--system ''`, other prompts, the same problems), and the shared step on transformers' own sdpa
-attention (which copies each shared key/value head to its query heads; the others run troll.models.attention's
+system message (`--system ''`, other prompts, the same problems), today's path with troll's fused AdamW in place
+of torch's per-tensor loop (`today+fused`; every variant but today runs it), and the shared step on transformers' own
+sdpa attention (which copies each shared key/value head to its query heads; the others run troll.models.attention's
 `gqa_sdpa` where the model is built with it: on CPU, a model with grouped-query attention). Each variant's task is
 loaded with its own settings. Reported: the phases, each variant's paired ratio to today's step, and the step's least
 FLOPs (`bench._flops.step_flops`: each prompt once per pass, each completion token once) over its median time, as a
@@ -99,8 +100,10 @@ VARIANTS = {
 }
 TROLLS = ("troll", "troll-paper")
 # --compare levers: the preset's own loss, today's per-sample path against the levers that remove repeated work
+# (today's AdamW is torch's per-tensor loop; every other variant runs troll's fused AdamW, troll.run.warmstart.adamw)
 LEVERS = {
-    "today": {"share_prompt": False, "minibatch_by": "sample", "system": None},
+    "today": {"share_prompt": False, "minibatch_by": "sample", "system": None, "adamw": "loop"},
+    "today+fused": {"share_prompt": False, "minibatch_by": "sample", "system": None},  # the fused AdamW alone
     "shared": {"share_prompt": True, "minibatch_by": "group", "system": None},  # exact, and whole groups
     "shared+system": {"share_prompt": True, "minibatch_by": "group", "system": ""},  # an empty system message
     # the shared step with transformers' own sdpa attention, which copies shared key/value heads
@@ -213,7 +216,7 @@ def main() -> None:
     if cfg.sft_steps:
         warm_start_task(cfg, model, tokenizer, task)  # prints its record
     variants = VARIANTS if a.compare == "losses" else LEVERS
-    settings = {name: {k: x for k, x in v.items() if k != "attention"} for name, v in variants.items()}
+    settings = {name: {k: x for k, x in v.items() if k not in ("attention", "adamw")} for name, v in variants.items()}
     built = model.config._attn_implementation  # troll.models.attention's on CPU where the model shares key/value heads
     attention = {name: v.get("attention", built) for name, v in variants.items()}
     tasks = {name: load_task(dataclasses.replace(cfg, **v), tokenizer)[0] for name, v in settings.items()}
@@ -252,6 +255,8 @@ def main() -> None:
             u = cpu_user()
             variant = dataclasses.replace(cfg, **settings[name])
             model.set_attn_implementation(attention[name])
+            for group in opt.param_groups:  # the same state either way: torch's loop where a variant asks for it
+                group["fused"] = opt.defaults["fused"] and variants[name].get("adamw") != "loop"
             loss_fn, pending = clock.losses[name], []
             row = train.rl_step(variant, r, model, tokenizer, generator, opt, sched, tasks[name], pending, loss_fn)
             user = cpu_user() - u

@@ -387,6 +387,24 @@ def test_bench_step_times_the_textbook_clip_beside_ours():
     assert summary.startswith("SUMMARY step") and re.search(r"against the textbook clip \d+\.\d\dx", summary)
 
 
+@pytest.mark.slow
+def test_bench_step_levers_times_every_lever_against_today():
+    """bench/step.py --compare levers: a row per lever (today's AdamW loop and the fused one among them), each paired
+    to today's step, and a SUMMARY naming the best against the target of a third."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from step import LEVERS
+
+    argv = ["--compare", "levers", "--repeats", "1", "--warmup", "0", "--sft_steps", "0", "--prompts_per_step", "4"]
+    res = subprocess.run([sys.executable, "bench/step.py", *argv], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600, env=os.environ | {"OMP_WAIT_POLICY": "PASSIVE"})  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    table = res.stdout.split("median wall s")[1].splitlines()[1:-1]
+    assert [line.split("  ")[0].strip() for line in table] == list(LEVERS), table
+    assert re.search(r"\| +1\.00x \|", table[0]) and "today+fused" in LEVERS
+    assert re.fullmatch(r"SUMMARY levers: .+ / today \d\.\d\dx the step \(target <= 0\.33x\): (NOT )?met; .+",
+                        res.stdout.splitlines()[-1])  # fmt: skip
+
+
 def test_a_run_logged_to_a_file_has_no_bar_redraws_and_a_line_per_evaluation(tmp_path):
     """stdout and stderr sent to files (a pipe here, as `> log 2>&1`): no progress bar draws (no carriage returns),
     and every evaluation is one line with its step, so a log reads as the run went."""

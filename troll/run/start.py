@@ -7,8 +7,8 @@ model (or the checkpoint a resumed run continues from) and the task's data; ever
 (`check_start`: the tokenizer fits the output layer, --kl_update_vocab can act, a new LoRA run's targets match
 layers and its rank is one they have); only then the run folder claimed (troll.run.harness), and for a new run the
 supervised warm-start (troll.run.warmstart), the frozen base kept once (LoRA) and the adapters added (troll.lora); the
-optimiser (`make_optimizer`: AdamW, fused, over the trained weights, linear warmup, then constant or cosine to 0 over all
-optimiser steps); the rollout engine (`make_generator`: the training model itself, or a vLLM engine that loads the
+optimiser (`make_optimizer`: AdamW, fused, over the trained weights, linear warmup, then constant or cosine to 0 over
+all optimiser steps); the rollout engine (`make_generator`: the training model itself, or a vLLM engine that loads the
 base from disk once and then follows every update in place); last, the step-0 evaluation and checkpoint of a new
 run, or the restored optimiser and schedule of a resumed one.
 """

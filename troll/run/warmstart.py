@@ -21,8 +21,8 @@ docs/results.md#the-main-job-tiny-cpu; a fixed count: docs/results.md#the-trust-
   stops at the first step where both say so, a little past the target.
 - `sft_target = 0` runs all `sft_steps`; a target not met within `sft_steps` is reported, not an error.
 - AdamW at `sft_lr` (`adamw`: torch's fused kernel on CPU and CUDA, the same update to float rounding and 3-5x faster
-  than its per-tensor loop over SmolLM2's 134.5M weights on CPU), batches of `sft_batch` training problems drawn with replacement from a generator seeded
-  by `seed`, so a warm-start is reproducible from the config.
+  than its per-tensor loop over SmolLM2's 134.5M weights on CPU), batches of `sft_batch` training problems drawn
+  with replacement from a generator seeded by `seed`, so a warm-start is reproducible from the config.
 """
 
 from __future__ import annotations
