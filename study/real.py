@@ -38,22 +38,23 @@ Design, stated once:
   workers with cores / N torch threads each (study/runner.py).
 - Results (`--results`, JSONL, default study/real.jsonl): one row per finished run, merged by name after every run
   (study/runner.py): the run (loss, lr, seed, model), held-out accuracy before RL, after, at best and at every
-  evaluation, the reward per step, seconds per RL step (the sum of the step's timed phases, troll.run.diagnostics) and
-  the run's wall time, the trust region's statistics per step and their means (`TR_KEYS`, those metrics.jsonl
-  holds: the share of tokens projected / clipped / masked, KL(p || q) before and after the projection, TROLL's
-  sparse support size, the ratio's range; the network's exact update KL where a run measured it), and the run's
-  whole config. A run with a row, or with summary.json in its folder, is done; an interrupted one resumes from its
-  checkpoint; a finished run keeps its model after RL in <out>/<name>/final (0.5 GB for SmolLM2 in float32), which
-  study/real_gsm8k.py evaluates on GSM8K. A run or warm-start recorded with other settings than the command makes
-  now is refused, not counted; a row of another study's file is refused (`FIELDS`).
+  evaluation, the reward per step, seconds per RL step (the sum of the step's timed phases, troll.run.diagnostics),
+  the run's wall time and its CPU time (every thread of its process, over all its sessions), the trust region's
+  statistics per step and their means (`TR_KEYS`, those metrics.jsonl holds: the share of tokens projected / clipped /
+  masked, KL(p || q) before and after the projection, TROLL's sparse support size, the ratio's range; the network's
+  exact update KL where a run measured it), and the run's whole config. A run with a row, or with summary.json in its
+  folder, is done; an interrupted one resumes from its checkpoint; a finished run keeps its model after RL in
+  <out>/<name>/final (0.5 GB for SmolLM2 in float32), which study/real_gsm8k.py evaluates on GSM8K. A run or
+  warm-start recorded with other settings than the command makes now is refused, not counted; a row of another study's
+  file is refused (`FIELDS`).
 - Report (`--report`): per loss and lr, the mean held-out accuracy before and after RL and the gain over seeds,
   the runs that ended below their start, seconds per step and the trust-region statistics; then each loss at its
   best lr (chosen as above) against PPO-clip at its own: the mean paired difference over the seeds both ran, with
   its 95% t-interval (study.runner.paired_diffs, t_interval), and the same with the lrs chosen without each seed
   (a seed that chose the lr does not also score it; with one sweep seed: the other seeds only); then each loss at
   its best lr and every larger lr it ran: held-out accuracy after RL with its 95% t-interval over seeds, the runs
-  that end below their start, and the policy's entropy over the first and the last 10 steps. An interval that
-  contains 0 is said to be noise, in those words.
+  that end below their start, and the policy's entropy over the first and the last 10 steps; last, the study's
+  cost: its runs' wall and CPU hours summed. An interval that contains 0 is said to be noise, in those words.
 - Time (`--dry-run` and every run's first lines): the runs left, one at a time, plus the warm-starts left. A run
   takes the mean wall time of this study's finished runs of the same model, steps and held-out size in --results;
   without such runs, steps x seconds per step (of its finished runs of the model, else built-in) + evaluations x
@@ -135,6 +136,7 @@ FIELDS = {
     "eval_after": ACCURACY, "step_s": Spec("number", low=0), "config": OBJECT,
     "steps": Spec("integer", low=0, required=False), "eval_problems": Spec("integer", low=0, required=False),
     "wall_clock_s": Spec("number", low=0, required=False), "stage": one_of(STAGES, required=False),
+    "cpu_s": Spec("number", low=0, required=False),
 }  # fmt: skip
 # The list flags and each run's value of them (study.runner.grid_problem: no value twice)
 FLAGS = {"losses": lambda run: run.loss, "lrs": lambda run: run.lr, "seeds": lambda run: run.seed}
@@ -224,6 +226,7 @@ def collect(run: Run, out: Path, model: str) -> dict:
         "reward": [m["reward"] for m in steps],
         "step_s": statistics.fmean(seconds) if seconds else math.nan,
         "wall_clock_s": summary["wall_clock_s"],
+        **({"cpu_s": summary["cpu_s"]} if "cpu_s" in summary else {}),  # summary.json from version 4 on
         **{k: statistics.fmean(v) for k, v in per_step.items()},
         "per_step": per_step,
         "skipped_steps": summary["skipped_steps"],

@@ -160,4 +160,21 @@ def report_model(rows: Sequence[dict]) -> str:
                   "t-interval over seeds; runs that end below their start; entropy, nats, first 10 -> last 10 steps):",
                   "", "| loss | lr | x best | seeds | after | below start | entropy |", "|---|---|---|---|---|---|---|",
                   *stability(rows, best)]  # fmt: skip
-    return "\n".join(lines)
+    return "\n".join([*lines, "", cost(rows)])
+
+
+def cost(rows: Sequence[dict]) -> str:
+    """The study's cost: its runs' wall and CPU time summed, with how many runs recorded each."""
+
+    def hours(key: str, what: str) -> str:
+        seconds = [r[key] for r in rows if key in r]
+        if not seconds:
+            return f"{what} time not recorded"
+        return f"{sum(seconds) / 3600:.2f} {what} hours" + (
+            f" ({len(seconds)} of the runs recorded it)" if len(seconds) < len(rows) else ""
+        )
+
+    return (
+        f"Cost: {len(rows)} runs, {hours('wall_clock_s', 'wall')} and {hours('cpu_s', 'CPU')}, summed over runs "
+        "(warm-starts not counted)."
+    )

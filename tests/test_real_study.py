@@ -154,6 +154,18 @@ def test_the_paired_report_against_a_hand_computation(tmp_path, capsys):
     assert "2 seeds: +0.027 ± 0.032: the interval contains 0: noise" in out
 
 
+def test_the_cost_line_sums_the_runs_wall_and_cpu_time_by_hand():
+    """By hand: wall 3600 + 1800 + 900 s = 1.75 h; CPU 7200 + 3600 s = 3.00 h, which one run did not record."""
+    rows = [row("troll", 1e-5, 0, 0.5, wall_clock_s=3600.0, cpu_s=7200.0),
+            row("ppo_clip", 1e-5, 0, 0.5, wall_clock_s=1800.0, cpu_s=3600.0),
+            row("troll", 1e-5, 1, 0.5, wall_clock_s=900.0)]  # fmt: skip
+    assert real_report.cost(rows) == ("Cost: 3 runs, 1.75 wall hours and 3.00 CPU hours (2 of the runs recorded it), "
+                                      "summed over runs (warm-starts not counted).")  # fmt: skip
+    assert real_report.cost(rows[2:]) == ("Cost: 1 runs, 0.25 wall hours and CPU time not recorded, summed over runs "
+                                          "(warm-starts not counted).")  # fmt: skip
+    assert real_report.report(rows, real.MODELS).endswith(real_report.cost(rows))
+
+
 def test_the_verdict_says_noise_only_when_the_interval_holds_0():
     assert real_report.verdict(0.01, 0.05, 3, "troll", "ppo_clip").startswith("the interval contains 0: noise")
     assert real_report.verdict(-0.04, 0.05, 3, "troll", "ppo_clip").startswith("the interval contains 0: noise")
@@ -317,11 +329,13 @@ def test_a_tiny_study_end_to_end_shares_warm_starts_picks_the_best_and_reports(t
         assert not (out / r["name"] / "checkpoints").exists()
         assert r["steps"] == 1 and r["step_s"] > 0 and len(r["eval_curve"]) == 2 and r["eval_problems"] == 4
         assert 0 <= r["frac_active"] <= 1 and "kl_after_mean" in r and r["per_step"]["kl_before_mean"]
+        assert 0 < r["cpu_s"] and 0 < r["wall_clock_s"]
     assert real.main(argv) == []  # everything recorded: nothing to run
     capsys.readouterr()
     real.main(["--report", "--results", str(results)])
     text = capsys.readouterr().out
     assert "troll at lr" in text and "| troll | " in text.split("Stability:")[1]
+    assert text.strip().endswith(real_report.cost(rows)) and "not recorded" not in text
     assert "(steps)" in refused([*argv[:8], "--steps", "2", *argv[10:]], capsys)
 
 

@@ -42,7 +42,7 @@ def summary() -> dict:
     """A valid summary.json as troll.run.harness.Run.finish writes it (the warm-start record among its other fields)."""
     return {"eval_before": 0.25, "eval_after": 0.5, "eval_best": 0.5, "eval_best_step": 2, "skipped_steps": 0,
             "changes": [], "dropped_prompts": 0, "wall_clock_s": 3.5, "steps": 2, "loss": "troll", "seed": 0,
-            "eval_problems": 16}  # fmt: skip
+            "eval_problems": 16, "cpu_s": 6.5}  # fmt: skip
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from troll.base.checkpoint import complete_checkpoints
+from troll.base.checkpoint import complete_checkpoints, load_trainer_state
 from troll.base.config import Config
 from troll.losses import LOSSES
 from troll.models.build import build_model
@@ -91,7 +91,7 @@ def test_two_rl_steps_for_every_loss(tmp_path, loss, varied_reward, capsys):
     trained, _ = build_model(cfg, torch.device("cpu"), path=str(complete_checkpoints(out)[0]))
     changed = [not torch.equal(a, b) for a, b in zip(fresh.parameters(), trained.parameters(), strict=True)]
     assert any(changed)
-    keys = {"eval_before", "eval_after", "eval_best", "eval_best_step", "wall_clock_s"}
+    keys = {"eval_before", "eval_after", "eval_best", "eval_best_step", "wall_clock_s", "cpu_s"}
     assert set(json.loads((out / "summary.json").read_text())) >= keys
     assert 0.0 <= summary["eval_after"] <= 1.0
     assert [s for s, _ in evals(out)] == [0, 2]  # before RL, and after the last step
@@ -156,6 +156,26 @@ def test_resume_equals_uninterrupted(tmp_path, varied_reward, epochs, staleness,
     for key in a[2]:
         if not key.startswith(TIMING_KEYS):
             assert a[2][key] == pytest.approx(b[2][key], rel=1e-6, abs=1e-9), key
+
+
+def test_cpu_time_counts_every_session_of_a_resumed_run(tmp_path, varied_reward, monkeypatch):
+    """summary.json's cpu_s is this process's CPU time over the run's sessions: a run resumed in a process whose clock
+    starts lower (patched here, as a new process's does) adds its own time to what the checkpoint recorded."""
+    import troll.run.harness as harness
+
+    first = tiny(tmp_path, steps=2, save_every=1)
+    train(first)
+    before = json.loads((tmp_path / "run" / "summary.json").read_text())["cpu_s"]
+    recorded = load_trainer_state(complete_checkpoints(tmp_path / "run")[0])["cpu_s"]
+    assert 0 < recorded <= before
+    clock, wall = harness.time.process_time, harness.time.time
+    new_process = {"time": staticmethod(wall), "process_time": staticmethod(lambda: clock() - 1e6)}
+    monkeypatch.setattr(harness, "time", type("NewProcess", (), new_process))
+    start = clock()
+    train(dataclasses.replace(first, steps=3, resume=True))
+    session = clock() - start
+    after = json.loads((tmp_path / "run" / "summary.json").read_text())["cpu_s"]
+    assert recorded < after <= recorded + session + 0.1  # rounded to 0.1 s
 
 
 def test_gsm8k_preset_one_step_with_a_local_stand_in(tmp_path, gsm8k_dir):

@@ -12,8 +12,9 @@
 Files (troll.base.checkpoint writes them crash-safe): config.json (the config in force), metrics.jsonl (one row per RL
 step, one row {"step", "eval_acc"} per evaluation, the first at step 0), samples.jsonl (a few completions per
 evaluation), checkpoints/ (the last two, each with the run's state), summary.json (eval_before, eval_after = the
-last evaluation, eval_best and its step, the warm-start's record, resume changes, wall clock over all sessions),
-tensorboard/ with `--log_to tensorboard`; .troll-run and .lock, the folder's marker and lock (Rules).
+last evaluation, eval_best and its step, the warm-start's record, resume changes, wall clock and CPU time (user and
+system, every thread of the process) over all sessions), tensorboard/ with `--log_to tensorboard`; .troll-run and
+.lock, the folder's marker and lock (Rules).
 
 Rules:
 - Nothing is written before everything checkable is checked: `Run.open` only reads (and locks a folder that is
@@ -214,6 +215,7 @@ class Run:
         self.folder: str | None = None  # how the run owns `out` (`_ownership`); None: new or empty
         self.device = device_of(cfg)
         self.t_start = time.time() - (state or {}).get("wall_clock_s", 0.0)
+        self.cpu_start = time.process_time() - (state or {}).get("cpu_s", 0.0)  # this process's CPU, every thread
         self.metrics, self.samples = self.out / "metrics.jsonl", self.out / "samples.jsonl"
         self.tokens = self.out / "tokens.jsonl"  # per-token records (troll.run.records)
         self.logger: Logger | None = None
@@ -437,6 +439,7 @@ class Run:
         """Write summary.json; returns the summary."""
         summary = {k: v for k, v in self.state.items() if k not in ("step", "pending", "config")}
         summary |= {"wall_clock_s": round(time.time() - self.t_start, 1), "steps": self.cfg.steps}
+        summary |= {"cpu_s": round(time.process_time() - self.cpu_start, 1)}
         summary |= {"loss": self.cfg.loss, "seed": self.cfg.seed, "eval_problems": eval_problems}
         write_json(self.out / "summary.json", summary)
         print(
@@ -464,6 +467,7 @@ class Run:
     def _save(self, model: Any, tokenizer: Any, opt: Any, sched: Any) -> None:
         state = self.state | {
             "wall_clock_s": time.time() - self.t_start,
+            "cpu_s": time.process_time() - self.cpu_start,
             "config": settings(dataclasses.asdict(self.cfg)),
         }
         save_checkpoint(self.out, model, tokenizer, opt, sched, state)

@@ -10,9 +10,10 @@ behaviour_rate (5e5a2c5). A metric that is not finite is written as json.dumps w
 such where its field allows it: the loss's metrics can be one, the row's own figures cannot.
 
 summary.json (troll.run.harness.Run.finish) holds the run's evaluations, its skipped steps and cost, and how it was run.
-Version 1 (5feb24e) had eval_before, eval_after, skipped_steps, wall_clock_s, steps, loss, seed, eval_problems;
-version 2 (00b8941) added eval_best and eval_best_step; version 3 (9b0eb00) `changes`, the settings changed on
-resume. Any other field (the warm-start record, the prompts dropped) is allowed.
+Version 1 (5feb24e) had eval_before, eval_after, skipped_steps, wall_clock_s, steps, loss, seed, eval_problems; version
+2 (00b8941) added eval_best and eval_best_step; version 3 (9b0eb00) `changes`, the settings changed on resume; version 4
+`cpu_s`, the run's CPU seconds over all its sessions. Any other field (the warm-start record, the prompts dropped) is
+allowed.
 
 `read_metrics` and `read_summary` check each row or the object against its table: a mismatch is one SchemaError
 (a UsageError and a ValueError) naming the file, the line and the field, with the way forward. Nothing here imports
@@ -61,8 +62,9 @@ SUMMARY: dict[str, Spec] = {
     "loss": Spec("string"),
     "seed": Spec("integer"),
     "eval_problems": Spec("integer", low=0),
+    "cpu_s": Spec("number", low=0, since=4),
 }
-SUMMARY_VERSION = 3
+SUMMARY_VERSION = 4
 
 
 def metrics_problem(row: dict) -> Problem | None:
