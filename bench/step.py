@@ -48,7 +48,9 @@ median ratios.
 `--compare levers` (issue 52): the preset's own loss, with `LEVERS` as the variants: today's per-sample path
 (`--share_prompt false --minibatch_by sample`), the shared prompt with minibatches of whole groups, that with an empty
 system message (`--system ''`, other prompts, the same problems), today's path with troll's fused AdamW in place
-of torch's per-tensor loop (`today+fused`; every variant but today runs it), and the shared step on transformers' own
+of torch's per-tensor loop (`today+fused`; every variant but today runs it), the shared step without the old-policy
+pass (`--old_policy behaviour`: q is the sampler's own log-probs, which differ from the recomputed ones by the
+cached decoding's rounding, the run's `mismatch_*` metrics; not exact), and the shared step on transformers' own
 sdpa attention (which copies each shared key/value head to its query heads; the others run troll.models.attention's
 `gqa_sdpa` where the model is built with it: on CPU, a model with grouped-query attention). Each variant's task is
 loaded with its own settings. Reported: the phases, each variant's paired ratio to today's step, and the step's least
@@ -106,6 +108,8 @@ LEVERS = {
     "today+fused": {"share_prompt": False, "minibatch_by": "sample", "system": None},  # the fused AdamW alone
     "shared": {"share_prompt": True, "minibatch_by": "group", "system": None},  # exact, and whole groups
     "shared+system": {"share_prompt": True, "minibatch_by": "group", "system": ""},  # an empty system message
+    # no old-policy pass: the sampler's own log-probs as q (not exact: the cached decoding's rounding, ~1e-6 nats)
+    "shared+behaviour": {"share_prompt": True, "minibatch_by": "group", "system": None, "old_policy": "behaviour"},
     # the shared step with transformers' own sdpa attention, which copies shared key/value heads
     # (troll.models.attention)
     "shared, repeat_kv": {"share_prompt": True, "minibatch_by": "group", "system": None, "attention": "sdpa"},
