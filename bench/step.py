@@ -50,12 +50,15 @@ median ratios.
 system message (`--system ''`, other prompts, the same problems), today's path with troll's fused AdamW in place
 of torch's per-tensor loop (`today+fused`; every variant but today runs it), the shared step without the old-policy
 pass (`--old_policy behaviour`: q is the sampler's own log-probs, which differ from the recomputed ones by the
-cached decoding's rounding, the run's `mismatch_*` metrics; not exact), and the shared step on transformers' own
-sdpa attention (which copies each shared key/value head to its query heads; the others run troll.models.attention's
-`gqa_sdpa` where the model is built with it: on CPU, a model with grouped-query attention). Each variant's task is
-loaded with its own settings. Reported: the phases, each variant's paired ratio to today's step, and the step's least
-FLOPs (`bench._flops.step_flops`: each prompt once per pass, each completion token once) over its median time, as a
-fraction of this machine's float32 matmul rate at the model's shapes (`bench._flops.matmul_rate`). Target: the best
+cached decoding's rounding, the run's `mismatch_*` metrics; not exact), the shared step training LoRA adapters (rank
+16 on every linear layer, `shared+lora`: a frozen copy of the warm-started model with new adapters, its own sampler,
+AdamW and schedule, `Policy`; another model, so not exact), and the shared step on transformers' own sdpa attention
+(which copies each shared key/value head to its query heads; the others run troll.models.attention's `gqa_sdpa`
+where the model is built with it: on CPU, a model with grouped-query attention). Each variant's task is loaded with
+its own settings. Reported: the phases, each variant's paired ratio to today's step, and the step's least FLOPs
+(`bench._flops.step_flops`: each prompt once per pass, each completion token once; full fine-tuning's, LoRA's row
+too) over its median time, as a fraction of this machine's float32 matmul rate at the model's shapes
+(`bench._flops.matmul_rate`). Target: the best
 variant at most a third of today's step.
 
 OMP_WAIT_POLICY=PASSIVE is set (unless the environment sets it) before torch is imported: with the default
@@ -71,6 +74,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported (module docstring)
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -85,7 +89,7 @@ from bench._util import REWARDS, cpu_user, int_at_least, median, ratio  # noqa: 
 from troll.base.cli import Parser, UsageError, run_command
 from troll.base.config import Config  # noqa: E402
 from troll.losses import LOSSES  # noqa: E402
-from troll.models.build import build_model  # noqa: E402
+from troll.models.build import adapt, build_model  # noqa: E402
 from troll.run.start import check_size, check_step, make_generator, make_optimizer  # noqa: E402
 from troll.run.warmstart import warm_start_task  # noqa: E402
 from troll.tasks.task import load_task  # noqa: E402
@@ -110,6 +114,8 @@ LEVERS = {
     "shared+system": {"share_prompt": True, "minibatch_by": "group", "system": ""},  # an empty system message
     # no old-policy pass: the sampler's own log-probs as q (not exact: the cached decoding's rounding, ~1e-6 nats)
     "shared+behaviour": {"share_prompt": True, "minibatch_by": "group", "system": None, "old_policy": "behaviour"},
+    # LoRA adapters (rank 16, every linear layer) on a frozen copy of the model: its own optimiser and sampler
+    "shared+lora": {"share_prompt": True, "minibatch_by": "group", "system": None, "lora_rank": 16, "lora_alpha": 32.0},
     # the shared step with transformers' own sdpa attention, which copies shared key/value heads
     # (troll.models.attention)
     "shared, repeat_kv": {"share_prompt": True, "minibatch_by": "group", "system": None, "attention": "sdpa"},
@@ -121,13 +127,14 @@ class PhaseClock:
     and wall + CPU user seconds inside the loss functions' forward (phase "loss", part of "update"; the timed
     losses are `self.losses`, passed to `rl_step` as `loss_fn`)."""
 
-    def __init__(self, generator, variants: dict[str, dict], cfg: Config) -> None:
+    def __init__(self, generators: list, variants: dict[str, dict], cfg: Config) -> None:
         self.cpu: dict[str, float] = {}
         self.wall: dict[str, float] = {}
         for phase in ("old_policy", "update"):
             setattr(train, phase, self.timed(getattr(train, phase), phase))
-        generator.generate = self.timed(generator.generate, "generate")
-        generator.push_weights = self.timed(generator.push_weights, "sync")
+        for generator in generators:
+            generator.generate = self.timed(generator.generate, "generate")
+            generator.push_weights = self.timed(generator.push_weights, "sync")
         loss = {name: textbook_clip if name == "textbook" else LOSSES[v.get("loss", cfg.loss)]
                 for name, v in variants.items()}  # fmt: skip
         self.losses = {name: self.timed(fn, "loss") for name, fn in loss.items()}
@@ -189,6 +196,29 @@ def restore(snap: dict, model, opt, sched) -> None:
     sched.load_state_dict(copy.deepcopy(snap["sched"]))
 
 
+@dataclasses.dataclass
+class Policy:
+    """What a variant steps: the model, its sampler, optimiser and schedule (a LoRA variant has its own)."""
+
+    model: Any
+    generator: Any
+    opt: Any
+    sched: Any
+
+    def snapshot(self) -> dict:
+        return snapshot(self.model, self.opt, self.sched)
+
+    def restore(self, snap: dict) -> None:
+        restore(snap, self.model, self.opt, self.sched)
+
+
+def lora_policy(cfg: Config, model: Any, tokenizer: Any, folder: Path) -> Policy:
+    """A LoRA variant's policy: new adapters on a frozen copy of the (warm-started) model, as a LoRA run adds them
+    after its warm-start (troll.run.start), with its own optimiser over the adapters and its own sampler."""
+    policy = adapt(cfg, copy.deepcopy(model))
+    return Policy(policy, make_generator(cfg, policy, tokenizer, folder), *make_optimizer(cfg, policy))
+
+
 def main() -> None:
     ap = Parser(
         prog=PROG,
@@ -230,7 +260,11 @@ def main() -> None:
     tmp = tempfile.TemporaryDirectory()
     generator = make_generator(cfg, model, tokenizer, Path(tmp.name))
     opt, sched = make_optimizer(cfg, model)  # the preset's constant schedule, no warmup
-    clock = PhaseClock(generator, variants, cfg)
+    full = Policy(model, generator, opt, sched)
+    policies = {name: lora_policy(dataclasses.replace(cfg, **v), model, tokenizer, Path(tmp.name))
+                if v.get("lora_rank") else full for name, v in settings.items()}  # fmt: skip
+    distinct = list({id(p): p for p in policies.values()}.values())
+    clock = PhaseClock([p.generator for p in distinct], variants, cfg)
     n_params = sum(p.numel() for p in model.parameters())
     print(
         f"model: {cfg.model}, {n_params / 1e6:.2f}M parameters, vocab {vocab}; backend {cfg.backend}, "
@@ -244,16 +278,18 @@ def main() -> None:
         f"{a.warmup} warm-up + {a.repeats} measured rounds"
     )
 
-    snap = snapshot(model, opt, sched)
-    engine_fresh = True  # the engine (vLLM) holds the snapshot's weights
+    snaps = {id(p): p.snapshot() for p in distinct}
+    fresh = {id(p): True for p in distinct}  # the engine (vLLM) holds the snapshot's weights
     runs: dict[str, list[dict]] = {name: [] for name in variants}
     flops: dict[str, list[float]] = {name: [] for name in variants}
     for r in range(a.warmup + a.repeats):
         order = list(variants)[:: -1 if r % 2 else 1]
         line = []
         for name in order:
-            restore(snap, model, opt, sched)
-            if not engine_fresh:
+            policy = policies[name]
+            model, generator, opt, sched = policy.model, policy.generator, policy.opt, policy.sched
+            policy.restore(snaps[id(policy)])
+            if not fresh[id(policy)]:
                 generator.push_weights(model)  # untimed: put the round's starting weights back into the engine
             clock.clear()
             u = cpu_user()
@@ -264,7 +300,7 @@ def main() -> None:
             loss_fn, pending = clock.losses[name], []
             row = train.rl_step(variant, r, model, tokenizer, generator, opt, sched, tasks[name], pending, loss_fn)
             user = cpu_user() - u
-            engine_fresh = False
+            fresh[id(policy)] = False
             cpu = {p: clock.cpu.get(p, 0.0) for p in PHASES}
             cpu["score"] = user - sum(v for p, v in cpu.items() if p != "score")
             m = {p: row[f"time_{p}"] for p in PHASES}
@@ -275,7 +311,8 @@ def main() -> None:
                 runs[name].append(m)
                 flops[name].append(sum(step_flops(model.config, clock.batch.ro, variant.epochs).values()))
             line.append(f"{name} {m['total']:.2f} s (update {m['update']:.2f}, user {user:.2f})")
-        snap, engine_fresh = snapshot(model, opt, sched), True  # continue from the last variant's state
+        snaps = {id(p): p.snapshot() for p in distinct}  # each policy continues from its last variant's state
+        fresh = {id(p): True for p in distinct}
         tag = "warm-up" if r < a.warmup else f"round {r - a.warmup + 1}"
         print(f"  {tag:8s}: " + ", ".join(line) + f"; reward {row['reward']:.2f}")
 
