@@ -53,12 +53,12 @@ The real model, `--model smollm2-135m-instruct`: the smollm2-words preset's mode
 troll.models.packaged makes it (a float32 folder under ~/.cache/troll/models, made on first use), and its task,
 troll.tasks.words' word problems as chat prompts rendered by the tokenizer's template exactly as
 troll.tasks.task.load_task renders them (troll.tasks.gsm8k.make_prompt; those longer than the preset's 128 tokens
-dropped on both sides). Defaults there = the preset's: 8 prompts x 4 samples x at most 24 new tokens, 4 optimiser steps
-per RL step (8 completions each), lr 1e-5; no warm-start (`--sft_steps 0`), the parity reward on both sides (troll
-scores the whole completion text, no cut of a number at the token limit, as TRL does). TRL gets the rendered prompt text
-as a plain-string prompt, which its GRPOTrainer tokenizes with `processing_class(text=prompts)`: SmolLM2's tokenizer
-adds no special tokens, and every TRL side checks each batch's token ids against troll's (`troll.tasks.task.encode`),
-stopping on a difference. Its sides:
+dropped on both sides). Defaults there = the preset's (troll.base.config.PRESETS): its prompts and samples a step, new
+tokens, optimiser steps per RL step and lr; no warm-start (`--sft_steps 0`), the parity reward on both sides (troll
+scores the whole completion text, no cut of a number at the token limit, as TRL does). TRL gets the rendered prompt
+text as a plain-string prompt, which its GRPOTrainer tokenizes with `processing_class(text=prompts)`: SmolLM2's
+tokenizer adds no special tokens, and every TRL side checks each batch's token ids against troll's
+(`troll.tasks.task.encode`), stopping on a difference. Its sides:
   troll               the preset on the per-sample path (`--share_prompt false --minibatch_by sample`, as before);
   troll_shared        the same with `--share_prompt true --minibatch_by group`, the preset's own (exact: each prompt
                       forwarded once in generation, the old-policy pass and the update, its KV cache shared by its
@@ -93,6 +93,7 @@ if not __package__:  # run as a file (python bench/x.py): the repository root on
 
 from bench._util import cpu_user, int_at_least, median, parity_reward, positive_float, ratio  # noqa: E402
 from troll.base.cli import Parser, run_command
+from troll.base.config import PRESETS  # noqa: E402
 
 PROG = "python bench/trl_compare.py"  # the name in each of its lines, argparse's own and run_command's
 
@@ -108,11 +109,13 @@ LEVERS = {  # a real-model troll side's flags beyond the preset's
     "troll_shared": ["--share_prompt", "true", "--minibatch_by", "group"],  # the preset's own since issue 52
     "troll_shared_system": ["--share_prompt", "true", "--minibatch_by", "group", "--system", ""],
 }
-# per --model: the defaults of --prompts --n --max_new --minibatches --lr (the preset's)
+# per --model: the defaults of --prompts --n --max_new --minibatches --lr (the real model's: its preset's, as it is now)
+REAL = PRESETS["smollm2-words"]
 DEFAULTS = {
     "tiny": {"prompts": 32, "n": 8, "max_new": 5, "minibatches": 1, "lr": 1e-4},
-    "smollm2-135m-instruct": {"prompts": 16, "n": 4, "max_new": 24, "minibatches": 4, "lr": 1e-5},
-}
+    "smollm2-135m-instruct": {"prompts": REAL["prompts_per_step"], "n": REAL["samples_per_prompt"],
+                              "max_new": REAL["max_new_tokens"], "minibatches": REAL["minibatches"], "lr": REAL["lr"]},
+}  # fmt: skip
 TARGET = {"tiny": 1.0, "smollm2-135m-instruct": 0.5}  # troll's step over TRL's, at most
 
 

@@ -20,7 +20,11 @@ import pytest
 
 from study import figures
 from study import run as study_run
+from troll.base.config import PRESETS
 from troll.tools.plot import figure
+
+WORDS = PRESETS["smollm2-words"]  # bench/trl_compare.py's real-model defaults
+WORDS_HALF = WORDS["prompts_per_step"] * WORDS["samples_per_prompt"] // 2
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD = {"question": "What is 6 * 7?", "answer": "6 * 7 = 42\n#### 42"}
@@ -328,9 +332,9 @@ def test_study_out_and_results_paths(tmp_path):
         ),  # TRL on the same prompts, or no comparison
         (
             "trl_compare.py",
-            ["--model", "smollm2-135m-instruct", "--minibatches", "32"],
-            ["--minibatches 32", "--prompts 16", "whole groups"],
-        ),  # 64 samples in 32 minibatches, 16 groups
+            ["--model", "smollm2-135m-instruct", "--minibatches", str(WORDS_HALF)],
+            [f"--minibatches {WORDS_HALF}", f"--prompts {WORDS['prompts_per_step']}", "whole groups"],
+        ),  # the preset's samples in half as many minibatches: more minibatches than groups
         (
             "trl_compare.py",
             ["--model", "smollm2-135m-instruct", "--prompts", "3", "--minibatches", "5"],
