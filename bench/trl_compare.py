@@ -93,7 +93,7 @@ if not __package__:  # run as a file (python bench/x.py): the repository root on
 
 from bench._util import cpu_user, int_at_least, median, parity_reward, positive_float, ratio  # noqa: E402
 from troll.base.cli import Parser, run_command
-from troll.base.config import PRESETS  # noqa: E402
+from troll.base.config import PRESETS, Config  # noqa: E402
 
 PROG = "python bench/trl_compare.py"  # the name in each of its lines, argparse's own and run_command's
 
@@ -110,11 +110,11 @@ LEVERS = {  # a real-model troll side's flags beyond the preset's
     "troll_shared_system": ["--share_prompt", "true", "--minibatch_by", "group", "--system", ""],
 }
 # per --model: the defaults of --prompts --n --max_new --minibatches --lr (the real model's: its preset's, as it is now)
-REAL = PRESETS["smollm2-words"]
+REAL = Config(**PRESETS["smollm2-words"])
 DEFAULTS = {
     "tiny": {"prompts": 32, "n": 8, "max_new": 5, "minibatches": 1, "lr": 1e-4},
-    "smollm2-135m-instruct": {"prompts": REAL["prompts_per_step"], "n": REAL["samples_per_prompt"],
-                              "max_new": REAL["max_new_tokens"], "minibatches": REAL["minibatches"], "lr": REAL["lr"]},
+    "smollm2-135m-instruct": {"prompts": REAL.prompts_per_step, "n": REAL.samples_per_prompt,
+                              "max_new": REAL.max_new_tokens, "minibatches": REAL.minibatches, "lr": REAL.lr},
 }  # fmt: skip
 TARGET = {"tiny": 1.0, "smollm2-135m-instruct": 0.5}  # troll's step over TRL's, at most
 

@@ -20,11 +20,11 @@ import pytest
 
 from study import figures
 from study import run as study_run
-from troll.base.config import PRESETS
+from troll.base.config import PRESETS, Config
 from troll.tools.plot import figure
 
-WORDS = PRESETS["smollm2-words"]  # bench/trl_compare.py's real-model defaults
-WORDS_HALF = WORDS["prompts_per_step"] * WORDS["samples_per_prompt"] // 2
+WORDS = Config(**PRESETS["smollm2-words"])  # bench/trl_compare.py's real-model defaults
+WORDS_HALF = WORDS.prompts_per_step * WORDS.samples_per_prompt // 2
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD = {"question": "What is 6 * 7?", "answer": "6 * 7 = 42\n#### 42"}
@@ -333,7 +333,7 @@ def test_study_out_and_results_paths(tmp_path):
         (
             "trl_compare.py",
             ["--model", "smollm2-135m-instruct", "--minibatches", str(WORDS_HALF)],
-            [f"--minibatches {WORDS_HALF}", f"--prompts {WORDS['prompts_per_step']}", "whole groups"],
+            [f"--minibatches {WORDS_HALF}", f"--prompts {WORDS.prompts_per_step}", "whole groups"],
         ),  # the preset's samples in half as many minibatches: more minibatches than groups
         (
             "trl_compare.py",

@@ -167,7 +167,7 @@ def test_cpu_time_counts_every_session_of_a_resumed_run(tmp_path, varied_reward,
     train(first)
     before = json.loads((tmp_path / "run" / "summary.json").read_text())["cpu_s"]
     recorded = load_trainer_state(complete_checkpoints(tmp_path / "run")[0])["cpu_s"]
-    assert 0 < recorded <= before
+    assert 0 < recorded <= before + 0.05  # summary.json rounds to 0.1 s
     clock, wall = harness.time.process_time, harness.time.time
     new_process = {"time": staticmethod(wall), "process_time": staticmethod(lambda: clock() - 1e6)}
     monkeypatch.setattr(harness, "time", type("NewProcess", (), new_process))
