@@ -9,7 +9,7 @@
 Design, stated once:
 - The runs are the `smollm2-words` preset's (troll.base.config.PRESETS; `PRESET`): SmolLM2-135M-Instruct
   (troll.models.packaged, by name) on arithmetic word problems asked and scored as GSM8K is (troll.tasks.words), chat
-  prompts, 16 prompts x 4 samples a step of which the groups with signal are trained on, 4 minibatches, 60 RL steps
+  prompts, 8 prompts x 8 samples a step of which the groups with signal are trained on, 4 minibatches, 60 RL steps
   at a cosine lr, held-out accuracy (greedy pass@1) on 500 problems every 20 steps. A run changes only what the study
   varies: the loss, the learning rate, the seed, where it starts (`--model <the seed's warm-start> --sft_steps 0`)
   and, where given, `--steps` and `--eval_size`; it keeps a checkpoint at every evaluation, so an interrupted run
@@ -18,7 +18,7 @@ Design, stated once:
   lengths, temperature, prompts and samples a step, minibatches and epochs, advantage and aggregation, the
   evaluation schedule) is the preset's.
 - Paired seeds, one warm-start per seed: the preset's supervised warm-start (at most `--sft_steps`, the preset's
-  40; it stops once greedy decoding solves 15% of a 64-problem training probe, about 5 steps on SmolLM2) runs once
+  40; it stops once greedy decoding solves 15% of a 256-problem training probe, 7-9 steps on SmolLM2) runs once
   per seed into <out>/warm-s<seed> (model, tokenizer and warm.json), and every run of that seed starts RL from
   those weights: a difference between two losses on one seed is not a difference between warm-starts. The
   warm-start checks that the tokenizer it saved asks the preset's prompts token for token (the chat template kept).

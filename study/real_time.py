@@ -8,14 +8,16 @@ import statistics
 
 from study.real_warm import preset, warm_record
 
-# The built-in time figures, used until this study has finished runs of the model. SmolLM2's: the preset's seed-0 run
-# (docs/results.md, run tB) on the project's 2 cores shared with a second run and tests: 24.1 s a step on average,
-# and (its wall time - its steps - its warm-start) / the 2,000 problems its 4 evaluations held, 0.25 s a problem
-# (loading and checkpoints included); warm-starts 76-83 s (5-6 supervised steps and the probes). The tiny model's:
+# The built-in time figures, used until this study has finished runs of the model. SmolLM2's: the preset's seed 0-2
+# runs (docs/results.md, "A finer warm-start") on the project's 2 cores shared by two runs and tests: 29.3-33.5 s a
+# step on average; 0.25 s an evaluated problem (the earlier preset's run tB: (its wall time - its steps - its
+# warm-start) / the 2,000 problems of its 4 evaluations, loading and checkpoints included); a warm-start about 200 s
+# (7-9 supervised steps and the 256-problem probes: seed 0's step-0 checkpoint came 335 s after its start, the
+# 500-problem evaluation before RL among them). The tiny model's:
 # this study's rehearsal on the same busy machine (1 step, 4 problems: 17-20 s a run, mostly loading the task).
 MEASURED = {
     "smollm2-135m-instruct": {
-        "step_s": 24.0, "eval_s": 0.25, "warm_s": 80.0,
+        "step_s": 32.0, "eval_s": 0.25, "warm_s": 200.0,
         "source": "built-in figures measured with the 2 cores shared (study/real_time.py MEASURED)",
     },
     "tiny": {"step_s": 2.5, "eval_s": 2.0, "warm_s": 30.0, "source": "built-in figures (study/real_time.py MEASURED)"},

@@ -56,7 +56,7 @@ def test_a_prompt_tokenized_otherwise_stops_the_trl_side(tiny_chat, monkeypatch)
 
 
 def test_each_real_troll_side_is_the_preset_and_its_levers():
-    o = {"model": "smollm2-135m-instruct", "minibatches": 4, "prompts": 16, "n": 4, "max_new": 24, "lr": 1e-5}
+    o = {"model": "smollm2-135m-instruct", **trl_compare.DEFAULTS["smollm2-135m-instruct"]}  # the preset's
     o["seed"] = 0
     cfgs = {s: Config.from_args(trl_compare.troll_argv(o | {"side": s})) for s in trl_compare.REAL_SIDES}
     # the preset training on every group, as TRL's GRPO does (the preset filters them: issue 52)

@@ -13,7 +13,7 @@ import pytest
 
 from study import real, real_gsm8k, real_report, real_time, real_warm
 from troll.base.cli import run_command
-from troll.base.config import PRESETS, settings
+from troll.base.config import PRESETS, Config, settings
 
 T2, T1 = 4.302653, 12.706205  # t_{0.975} with 2 and 1 degrees of freedom
 
@@ -69,18 +69,18 @@ def test_the_sweep_then_each_loss_at_its_best_lr_every_run_from_its_seeds_warm_s
                                        "ppo_clip_lr2e-05_s2"]  # fmt: skip
     grid = real.parse(["--seeds", "0", "1", "--sweep_seeds", "2", "--lrs", "1e-5", "2e-5", "--losses", "troll"])
     assert len(real.sweep(grid)) == 4 and real.at_best(grid, {"troll": 1e-5}) == []  # the full grid: no later seeds
-    preset = PRESETS["smollm2-words"]
+    preset = Config(**PRESETS["smollm2-words"])
     for run in real.sweep(args) + later:
         cfg = real.config(run, args)
         assert (cfg.model, cfg.sft_steps, cfg.loss, cfg.lr, cfg.seed) == (f"runs/x/warm-s{run.seed}", 0, run.loss,
                                                                           run.lr, run.seed)  # fmt: skip
         asked = ("task", "chat", "max_prompt_len", "max_new_tokens", "prompts_per_step", "samples_per_prompt",
                  "minibatches", "steps", "eval_size", "eval_every")  # fmt: skip
-        assert {k: getattr(cfg, k) for k in asked} == {k: preset[k] for k in asked}
+        assert {k: getattr(cfg, k) for k in asked} == {k: getattr(preset, k) for k in asked}
         assert (cfg.task, cfg.chat, cfg.out) == ("words", True, f"runs/x/{run.name}")
     warm = real_warm.warm_config(args, 2)
-    assert (warm.model, warm.sft_steps, warm.sft_target, warm.sft_probe, warm.seed) == (
-        "smollm2-135m-instruct", 40, 0.15, 64, 2)  # fmt: skip
+    assert (warm.model, warm.sft_steps, warm.sft_target, warm.sft_lr, warm.sft_probe, warm.seed) == (
+        "smollm2-135m-instruct", 40, 0.15, preset.sft_lr, preset.sft_probe, 2)  # fmt: skip
     tiny = real.config(real.Run("troll", 1e-5, 0), real.parse(["--model", "tiny"]))
     assert (tiny.max_prompt_len, tiny.task, tiny.chat, tiny.max_new_tokens) == (256, "words", True, 24)
 
@@ -194,9 +194,9 @@ def test_the_dry_run_lists_the_later_seeds_at_the_best_lrs_once_the_sweep_is_rec
     assert "then seeds 1 2 at each loss's best lr (troll 1e-05, ppo_clip 2e-05): 4 runs, 0 done" in out
     assert "  troll_lr1e-05_s1\n  ppo_clip_lr2e-05_s1\n  troll_lr1e-05_s2\n  ppo_clip_lr2e-05_s2\n" in out
     assert "warm-starts to make: 2 (seeds 1 2)" in out  # seed 0 has no run left to make
-    # the time: 4 runs x their measured 1300 s, + 2 warm-starts x the built-in 80 s = 5360 s
-    assert real_time.MEASURED["smollm2-135m-instruct"]["warm_s"] == 80
-    assert "about 89 min one run at a time (4 runs x 21.7 min (50.0 s a step) + 2 warm-starts x 1.3 min" in out
+    # the time: 4 runs x their measured 1300 s, + 2 warm-starts x the built-in 200 s = 5600 s
+    assert real_time.MEASURED["smollm2-135m-instruct"]["warm_s"] == 200
+    assert "about 93 min one run at a time (4 runs x 21.7 min (50.0 s a step) + 2 warm-starts x 3.3 min" in out
     assert "measured: the mean of 6 finished run(s) of these settings" in out
     assert not (tmp_path / "runs").exists()  # a dry run writes nothing
     err = refused([*flags, "--steps", "10", "--dry-run"], capsys)  # recorded with the preset's 60 steps
@@ -340,9 +340,9 @@ def test_a_tiny_study_end_to_end_shares_warm_starts_picks_the_best_and_reports(t
 
 
 def test_the_committed_study_reads_through_its_schema_and_reports_what_the_docs_say(capsys):
-    """study/real.jsonl, the study docs/results.md reports: its 8 rows read through the study's checks, and the
+    """study/real_20steps.jsonl, the study docs/results.md reports: its 8 rows read through the study's checks, and the
     report gives the figures quoted there (the paired difference, its interval, the verdict)."""
-    path = Path(__file__).resolve().parents[1] / "study" / "real.jsonl"
+    path = Path(__file__).resolve().parents[1] / "study" / "real_20steps.jsonl"
     real.main(["--report", "--results", str(path)])
     out = capsys.readouterr().out
     assert "| troll | 1e-05 (best) | 0,1,2 | 0.437 | 0.447 | +0.010 | 1/3 |" in out
