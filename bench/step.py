@@ -58,8 +58,7 @@ where the model is built with it: on CPU, a model with grouped-query attention).
 its own settings. Reported: the phases, each variant's paired ratio to today's step, and the step's least FLOPs
 (`bench._flops.step_flops`: each prompt once per pass, each completion token once; full fine-tuning's, LoRA's row
 too) over its median time, as a fraction of this machine's float32 matmul rate at the model's shapes
-(`bench._flops.matmul_rate`). Target: the best
-variant at most a third of today's step.
+(`bench._flops.matmul_rate`). Target: the best variant at most a third of today's step.
 
 OMP_WAIT_POLICY=PASSIVE is set (unless the environment sets it) before torch is imported: with the default
 spinning OpenMP threads a small CPU model runs up to 10x slower when another process competes for the cores.
@@ -198,18 +197,25 @@ def restore(snap: dict, model, opt, sched) -> None:
 
 @dataclasses.dataclass
 class Policy:
-    """What a variant steps: the model, its sampler, optimiser and schedule (a LoRA variant has its own)."""
+    """What a variant steps: the model, its sampler, optimiser and schedule (a LoRA variant has its own), and the
+    state every variant of a round starts from (`keep`, then `restart` before each variant)."""
 
     model: Any
     generator: Any
     opt: Any
     sched: Any
+    snap: dict = dataclasses.field(default_factory=dict)
+    fresh: bool = True  # the engine (vLLM) holds the kept weights
 
-    def snapshot(self) -> dict:
-        return snapshot(self.model, self.opt, self.sched)
+    def keep(self) -> None:
+        """The current state as the next round's start."""
+        self.snap, self.fresh = snapshot(self.model, self.opt, self.sched), True
 
-    def restore(self, snap: dict) -> None:
-        restore(snap, self.model, self.opt, self.sched)
+    def restart(self) -> None:
+        """Back to the kept state; an engine that has stepped since gets the kept weights (untimed)."""
+        restore(self.snap, self.model, self.opt, self.sched)
+        if not self.fresh:
+            self.generator.push_weights(self.model)
 
 
 def lora_policy(cfg: Config, model: Any, tokenizer: Any, folder: Path) -> Policy:
@@ -278,8 +284,8 @@ def main() -> None:
         f"{a.warmup} warm-up + {a.repeats} measured rounds"
     )
 
-    snaps = {id(p): p.snapshot() for p in distinct}
-    fresh = {id(p): True for p in distinct}  # the engine (vLLM) holds the snapshot's weights
+    for p in distinct:
+        p.keep()
     runs: dict[str, list[dict]] = {name: [] for name in variants}
     flops: dict[str, list[float]] = {name: [] for name in variants}
     for r in range(a.warmup + a.repeats):
@@ -288,9 +294,7 @@ def main() -> None:
         for name in order:
             policy = policies[name]
             model, generator, opt, sched = policy.model, policy.generator, policy.opt, policy.sched
-            policy.restore(snaps[id(policy)])
-            if not fresh[id(policy)]:
-                generator.push_weights(model)  # untimed: put the round's starting weights back into the engine
+            policy.restart()  # untimed
             clock.clear()
             u = cpu_user()
             variant = dataclasses.replace(cfg, **settings[name])
@@ -300,7 +304,7 @@ def main() -> None:
             loss_fn, pending = clock.losses[name], []
             row = train.rl_step(variant, r, model, tokenizer, generator, opt, sched, tasks[name], pending, loss_fn)
             user = cpu_user() - u
-            fresh[id(policy)] = False
+            policy.fresh = False
             cpu = {p: clock.cpu.get(p, 0.0) for p in PHASES}
             cpu["score"] = user - sum(v for p, v in cpu.items() if p != "score")
             m = {p: row[f"time_{p}"] for p in PHASES}
@@ -311,8 +315,8 @@ def main() -> None:
                 runs[name].append(m)
                 flops[name].append(sum(step_flops(model.config, clock.batch.ro, variant.epochs).values()))
             line.append(f"{name} {m['total']:.2f} s (update {m['update']:.2f}, user {user:.2f})")
-        snaps = {id(p): p.snapshot() for p in distinct}  # each policy continues from its last variant's state
-        fresh = {id(p): True for p in distinct}
+        for p in distinct:  # each policy continues from its last variant's state
+            p.keep()
         tag = "warm-up" if r < a.warmup else f"round {r - a.warmup + 1}"
         print(f"  {tag:8s}: " + ", ".join(line) + f"; reward {row['reward']:.2f}")
 

@@ -395,8 +395,7 @@ def test_bench_step_times_the_textbook_clip_beside_ours():
 def test_bench_step_levers_times_every_lever_against_today():
     """bench/step.py --compare levers: a row per lever (today's AdamW loop and the fused one among them), each paired
     to today's step, and a SUMMARY naming the best against the target of a third."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    from step import LEVERS
+    from bench.step import LEVERS
 
     argv = ["--compare", "levers", "--repeats", "1", "--warmup", "0", "--sft_steps", "0", "--prompts_per_step", "4"]
     res = subprocess.run([sys.executable, "bench/step.py", *argv], cwd=ROOT, capture_output=True, text=True,

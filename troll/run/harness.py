@@ -438,8 +438,8 @@ class Run:
     def finish(self, eval_problems: int) -> dict:
         """Write summary.json; returns the summary."""
         summary = {k: v for k, v in self.state.items() if k not in ("step", "pending", "config")}
-        summary |= {"wall_clock_s": round(time.time() - self.t_start, 1), "steps": self.cfg.steps}
-        summary |= {"cpu_s": round(time.process_time() - self.cpu_start, 1)}
+        summary |= {"wall_clock_s": round(time.time() - self.t_start, 1), "steps": self.cfg.steps,
+                    "cpu_s": round(time.process_time() - self.cpu_start, 1)}  # fmt: skip
         summary |= {"loss": self.cfg.loss, "seed": self.cfg.seed, "eval_problems": eval_problems}
         write_json(self.out / "summary.json", summary)
         print(
